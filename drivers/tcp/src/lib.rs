@@ -1,0 +1,5 @@
+//! The TCP driver: one connection per lane, driven by io_uring.
+//!
+//! Not yet built: a later issue fills this crate. It exists so that the
+//! workspace already has the shape of the architecture.
+#![deny(unsafe_code, missing_docs)]

@@ -1,0 +1,420 @@
+//! The submission queue entry: 64 bytes, one cache line.
+
+use crate::entry::{Entry, private::Sealed};
+use crate::value::{AtomicOp, FenceMode, Opcode, SqeFlags, UnknownValue};
+use static_assertions::{assert_eq_size, const_assert_eq};
+
+/// A buffer in the initiator's own registered memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LocalBuf {
+    /// The local memory handle returned by registration.
+    pub mem: u32,
+    /// The address inside that registration.
+    pub addr: u64,
+}
+
+/// A buffer in a peer's registered memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RemoteBuf {
+    /// The remote key id returned by unpacking the peer's key.
+    pub rkey: u32,
+    /// The address inside the peer's registration.
+    pub addr: u64,
+}
+
+/// A submission queue entry: one operation, exactly 64 bytes.
+///
+/// The layout is ABI (mirrored by `struct rf_sqe` in C) and every field's
+/// offset is pinned below. Fields are public because applications and C code
+/// fill entries in place; the engine treats every field as untrusted and
+/// validates it before use. Reserved fields must be zero.
+///
+/// # Examples
+/// ```
+/// use ringfence_ring::{LocalBuf, Opcode, RemoteBuf, Sqe};
+/// let sqe = Sqe::put(3, LocalBuf { mem: 1, addr: 0x1000 }, RemoteBuf { rkey: 9, addr: 0x2000 }, 64)
+///     .with_user_data(7);
+/// assert_eq!(sqe.opcode(), Ok(Opcode::PUT));
+/// assert_eq!(sqe.user_data, 7);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C, align(64))]
+pub struct Sqe {
+    /// The [`Opcode`], raw.
+    pub opcode: u8,
+    /// [`SqeFlags`], raw.
+    pub flags: u8,
+    /// The [`AtomicOp`] of an ATOMIC or the [`FenceMode`] of a FENCE, raw;
+    /// zero otherwise.
+    pub subop: u8,
+    /// Reserved; must be zero.
+    pub reserved0: u8,
+    /// The endpoint id (NOP ignores it).
+    pub endpoint: u32,
+    /// Bytes to move (PUT, GET, NOTIFY); 8 for ATOMIC.
+    pub len: u32,
+    /// Local memory handle of `local_addr`.
+    pub local_mem: u32,
+    /// Local address: PUT source, GET destination, fetched value of an
+    /// atomic, NOTIFY payload.
+    pub local_addr: u64,
+    /// Remote address of PUT, GET and ATOMIC.
+    pub remote_addr: u64,
+    /// Remote key id of `remote_addr`.
+    pub rkey: u32,
+    /// Reserved; must be zero.
+    pub reserved1: u32,
+    /// ATOMIC operand: the addend, the new value of SWAP, the compare value
+    /// of CSWAP. Copied at submission: the caller's memory is never re-read.
+    pub operand: u64,
+    /// The swap value of CSWAP; zero otherwise.
+    pub operand2: u64,
+    /// Returned untouched in the CQE.
+    pub user_data: u64,
+}
+
+assert_eq_size!(Sqe, [u8; 64]);
+const_assert_eq!(core::mem::align_of::<Sqe>(), 64);
+const_assert_eq!(core::mem::offset_of!(Sqe, opcode), 0);
+const_assert_eq!(core::mem::offset_of!(Sqe, flags), 1);
+const_assert_eq!(core::mem::offset_of!(Sqe, subop), 2);
+const_assert_eq!(core::mem::offset_of!(Sqe, reserved0), 3);
+const_assert_eq!(core::mem::offset_of!(Sqe, endpoint), 4);
+const_assert_eq!(core::mem::offset_of!(Sqe, len), 8);
+const_assert_eq!(core::mem::offset_of!(Sqe, local_mem), 12);
+const_assert_eq!(core::mem::offset_of!(Sqe, local_addr), 16);
+const_assert_eq!(core::mem::offset_of!(Sqe, remote_addr), 24);
+const_assert_eq!(core::mem::offset_of!(Sqe, rkey), 32);
+const_assert_eq!(core::mem::offset_of!(Sqe, reserved1), 36);
+const_assert_eq!(core::mem::offset_of!(Sqe, operand), 40);
+const_assert_eq!(core::mem::offset_of!(Sqe, operand2), 48);
+const_assert_eq!(core::mem::offset_of!(Sqe, user_data), 56);
+
+impl Sealed for Sqe {}
+
+// SAFETY: `Sqe` is `repr(C)`, made only of integers, with no padding (the
+// offsets above tile all 64 bytes), so every bit pattern is a valid value.
+unsafe impl Entry for Sqe {
+    const ZERO: Sqe = Sqe::new(Opcode::NOP);
+}
+
+impl Default for Sqe {
+    fn default() -> Self {
+        Sqe::ZERO
+    }
+}
+
+impl Sqe {
+    /// An entry with `opcode` and every other field zero.
+    #[inline]
+    pub const fn new(opcode: Opcode) -> Sqe {
+        Sqe {
+            opcode: opcode.as_raw(),
+            flags: 0,
+            subop: 0,
+            reserved0: 0,
+            endpoint: 0,
+            len: 0,
+            local_mem: 0,
+            local_addr: 0,
+            remote_addr: 0,
+            rkey: 0,
+            reserved1: 0,
+            operand: 0,
+            operand2: 0,
+            user_data: 0,
+        }
+    }
+
+    /// A NOP: completes with `res = 0` without touching any endpoint.
+    #[inline]
+    pub const fn nop() -> Sqe {
+        Sqe::new(Opcode::NOP)
+    }
+
+    const fn data(
+        opcode: Opcode,
+        endpoint: u32,
+        local: LocalBuf,
+        remote: RemoteBuf,
+        len: u32,
+    ) -> Sqe {
+        let mut sqe = Sqe::new(opcode);
+        sqe.endpoint = endpoint;
+        sqe.len = len;
+        sqe.local_mem = local.mem;
+        sqe.local_addr = local.addr;
+        sqe.rkey = remote.rkey;
+        sqe.remote_addr = remote.addr;
+        sqe
+    }
+
+    /// PUT `len` bytes from `local` to `remote` over `endpoint`.
+    #[inline]
+    pub const fn put(endpoint: u32, local: LocalBuf, remote: RemoteBuf, len: u32) -> Sqe {
+        Sqe::data(Opcode::PUT, endpoint, local, remote, len)
+    }
+
+    /// GET `len` bytes from `remote` into `local` over `endpoint`.
+    #[inline]
+    pub const fn get(endpoint: u32, local: LocalBuf, remote: RemoteBuf, len: u32) -> Sqe {
+        Sqe::data(Opcode::GET, endpoint, local, remote, len)
+    }
+
+    const fn atomic(endpoint: u32, op: AtomicOp, local: LocalBuf, remote: RemoteBuf) -> Sqe {
+        let mut sqe = Sqe::data(Opcode::ATOMIC, endpoint, local, remote, 8);
+        sqe.subop = op.as_raw();
+        sqe
+    }
+
+    /// Atomic `*remote += value`, fetching nothing.
+    #[inline]
+    pub const fn atomic_add(endpoint: u32, remote: RemoteBuf, value: u64) -> Sqe {
+        let mut sqe = Sqe::atomic(
+            endpoint,
+            AtomicOp::ADD,
+            LocalBuf { mem: 0, addr: 0 },
+            remote,
+        );
+        sqe.operand = value;
+        sqe
+    }
+
+    /// Atomic fetch-and-add; the old value is written to `result`.
+    #[inline]
+    pub const fn atomic_fadd(
+        endpoint: u32,
+        result: LocalBuf,
+        remote: RemoteBuf,
+        value: u64,
+    ) -> Sqe {
+        let mut sqe = Sqe::atomic(endpoint, AtomicOp::FADD, result, remote);
+        sqe.operand = value;
+        sqe
+    }
+
+    /// Atomic swap; the old value is written to `result`.
+    #[inline]
+    pub const fn atomic_swap(
+        endpoint: u32,
+        result: LocalBuf,
+        remote: RemoteBuf,
+        value: u64,
+    ) -> Sqe {
+        let mut sqe = Sqe::atomic(endpoint, AtomicOp::SWAP, result, remote);
+        sqe.operand = value;
+        sqe
+    }
+
+    /// Atomic compare-and-swap: if `*remote == compare` it becomes `swap`;
+    /// the old value is written to `result` either way.
+    #[inline]
+    pub const fn atomic_cswap(
+        endpoint: u32,
+        result: LocalBuf,
+        remote: RemoteBuf,
+        compare: u64,
+        swap: u64,
+    ) -> Sqe {
+        let mut sqe = Sqe::atomic(endpoint, AtomicOp::CSWAP, result, remote);
+        sqe.operand = compare;
+        sqe.operand2 = swap;
+        sqe
+    }
+
+    /// A fence of strength `mode` on `endpoint`.
+    #[inline]
+    pub const fn fence(endpoint: u32, mode: FenceMode) -> Sqe {
+        let mut sqe = Sqe::new(Opcode::FENCE);
+        sqe.endpoint = endpoint;
+        sqe.subop = mode.as_raw();
+        sqe
+    }
+
+    /// A flush of everything submitted on `endpoint` before it.
+    #[inline]
+    pub const fn flush(endpoint: u32) -> Sqe {
+        let mut sqe = Sqe::new(Opcode::FLUSH);
+        sqe.endpoint = endpoint;
+        sqe
+    }
+
+    /// A notification carrying `len` bytes of `payload` to the peer.
+    #[inline]
+    pub const fn notify(endpoint: u32, payload: LocalBuf, len: u32) -> Sqe {
+        let mut sqe = Sqe::new(Opcode::NOTIFY);
+        sqe.endpoint = endpoint;
+        sqe.local_mem = payload.mem;
+        sqe.local_addr = payload.addr;
+        sqe.len = len;
+        sqe
+    }
+
+    /// This entry with `user_data` set.
+    #[inline]
+    pub const fn with_user_data(mut self, user_data: u64) -> Sqe {
+        self.user_data = user_data;
+        self
+    }
+
+    /// This entry with `flags` set (replacing any it had).
+    #[inline]
+    pub const fn with_flags(mut self, flags: SqeFlags) -> Sqe {
+        self.flags = flags.bits();
+        self
+    }
+
+    /// The decoded opcode.
+    ///
+    /// # Errors
+    /// [`UnknownValue`] if the raw opcode is not one this version knows.
+    #[inline]
+    pub fn opcode(&self) -> Result<Opcode, UnknownValue> {
+        Opcode::try_from(self.opcode)
+    }
+
+    /// The decoded flags.
+    ///
+    /// # Errors
+    /// [`UnknownValue`] if an unknown flag bit is set.
+    #[inline]
+    pub fn flags(&self) -> Result<SqeFlags, UnknownValue> {
+        SqeFlags::try_from(self.flags)
+    }
+
+    /// The decoded atomic sub-operation (meaningful for ATOMIC only).
+    ///
+    /// # Errors
+    /// [`UnknownValue`] if `subop` is not an [`AtomicOp`].
+    #[inline]
+    pub fn atomic_op(&self) -> Result<AtomicOp, UnknownValue> {
+        AtomicOp::try_from(self.subop)
+    }
+
+    /// The decoded fence mode (meaningful for FENCE only).
+    ///
+    /// # Errors
+    /// [`UnknownValue`] if `subop` is not a [`FenceMode`].
+    #[inline]
+    pub fn fence_mode(&self) -> Result<FenceMode, UnknownValue> {
+        FenceMode::try_from(self.subop)
+    }
+
+    /// Whether both reserved fields are zero, as they must be.
+    #[inline]
+    pub const fn reserved_are_zero(&self) -> bool {
+        self.reserved0 == 0 && self.reserved1 == 0
+    }
+
+    /// The local buffer named by this entry.
+    #[inline]
+    pub const fn local(&self) -> LocalBuf {
+        LocalBuf {
+            mem: self.local_mem,
+            addr: self.local_addr,
+        }
+    }
+
+    /// The remote buffer named by this entry.
+    #[inline]
+    pub const fn remote(&self) -> RemoteBuf {
+        RemoteBuf {
+            rkey: self.rkey,
+            addr: self.remote_addr,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Status;
+
+    const L: LocalBuf = LocalBuf {
+        mem: 2,
+        addr: 0x1000,
+    };
+    const R: RemoteBuf = RemoteBuf {
+        rkey: 5,
+        addr: 0x8000,
+    };
+
+    #[test]
+    fn size_alignment_and_zero() {
+        assert_eq!(core::mem::size_of::<Sqe>(), 64);
+        assert_eq!(core::mem::align_of::<Sqe>(), 64);
+        assert_eq!(Sqe::default(), Sqe::ZERO);
+        assert_eq!(Sqe::ZERO.opcode(), Ok(Opcode::NOP));
+        assert!(Sqe::ZERO.reserved_are_zero());
+    }
+
+    #[test]
+    fn builders_fill_the_fields_they_name() {
+        let put = Sqe::put(3, L, R, 100).with_user_data(42);
+        assert_eq!(
+            (put.opcode(), put.endpoint, put.len),
+            (Ok(Opcode::PUT), 3, 100)
+        );
+        assert_eq!((put.local(), put.remote(), put.user_data), (L, R, 42));
+
+        let get = Sqe::get(4, L, R, 8);
+        assert_eq!(get.opcode(), Ok(Opcode::GET));
+        assert_eq!((get.local(), get.remote()), (L, R));
+
+        let add = Sqe::atomic_add(1, R, 5);
+        assert_eq!(
+            (add.opcode(), add.atomic_op(), add.len),
+            (Ok(Opcode::ATOMIC), Ok(AtomicOp::ADD), 8)
+        );
+        assert_eq!((add.operand, add.local()), (5, LocalBuf::default()));
+
+        let fadd = Sqe::atomic_fadd(1, L, R, 6);
+        assert_eq!(
+            (fadd.atomic_op(), fadd.operand, fadd.local()),
+            (Ok(AtomicOp::FADD), 6, L)
+        );
+        let swap = Sqe::atomic_swap(1, L, R, 7);
+        assert_eq!((swap.atomic_op(), swap.operand), (Ok(AtomicOp::SWAP), 7));
+        let cswap = Sqe::atomic_cswap(1, L, R, 8, 9);
+        assert_eq!(
+            (cswap.atomic_op(), cswap.operand, cswap.operand2),
+            (Ok(AtomicOp::CSWAP), 8, 9)
+        );
+
+        let weak = Sqe::fence(2, FenceMode::WEAK);
+        assert_eq!(
+            (weak.opcode(), weak.fence_mode(), weak.endpoint),
+            (Ok(Opcode::FENCE), Ok(FenceMode::WEAK), 2)
+        );
+        assert_eq!(
+            Sqe::fence(2, FenceMode::STRONG).fence_mode(),
+            Ok(FenceMode::STRONG)
+        );
+
+        let flush = Sqe::flush(6);
+        assert_eq!((flush.opcode(), flush.endpoint), (Ok(Opcode::FLUSH), 6));
+
+        let notify = Sqe::notify(7, L, 12);
+        assert_eq!(
+            (notify.opcode(), notify.local(), notify.len),
+            (Ok(Opcode::NOTIFY), L, 12)
+        );
+
+        let skip = Sqe::nop().with_flags(SqeFlags::SKIP_SUCCESS);
+        assert_eq!(skip.flags(), Ok(SqeFlags::SKIP_SUCCESS));
+    }
+
+    #[test]
+    fn garbage_decodes_to_errors_not_ub() {
+        let mut sqe = Sqe::nop();
+        sqe.opcode = 0xee;
+        sqe.flags = 0x80;
+        sqe.subop = 0x77;
+        sqe.reserved1 = 1;
+        assert_eq!(sqe.opcode().unwrap_err().status(), Status::InvalidOpcode);
+        assert_eq!(sqe.flags().unwrap_err().status(), Status::InvalidFlags);
+        assert_eq!(sqe.atomic_op().unwrap_err().status(), Status::InvalidSubop);
+        assert_eq!(sqe.fence_mode().unwrap_err().status(), Status::InvalidSubop);
+        assert!(!sqe.reserved_are_zero());
+    }
+}
