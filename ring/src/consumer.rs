@@ -20,7 +20,7 @@ use crate::sync::{Ordering, fence};
 /// Reads entries out of a ring, one or a batch at a time.
 #[derive(Debug)]
 pub struct Consumer<T: Entry> {
-    ring: RawRing<T>,
+    pub(crate) ring: RawRing<T>,
     /// Next slot to read, free-running. Written only here; trusted.
     /// Invariant: `cached_tail - head <= capacity`.
     head: u32,

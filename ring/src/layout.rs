@@ -241,7 +241,7 @@ mod tests {
         );
         assert_eq!(l.sq.array, 640);
         assert_eq!(l.cq.array, 640 + 128 * 64);
-        assert_eq!(l.size, 4096 * 3);
+        assert_eq!(l.size, 4096 * 4, "640 + 8192 + 4096 bytes, rounded up");
         assert_eq!(l.sq.array % 64, 0);
         assert_eq!(l.cq.array % 16, 0);
         let big = Layout::new(MAX_ENTRIES, MAX_ENTRIES).unwrap();

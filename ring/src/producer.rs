@@ -29,7 +29,7 @@ use crate::sync::{Ordering, fence};
 /// [`submit`](Producer::submit), which publishes all of them with one store.
 #[derive(Debug)]
 pub struct Producer<T: Entry> {
-    ring: RawRing<T>,
+    pub(crate) ring: RawRing<T>,
     /// Next slot to fill, free-running. Written only here; trusted.
     /// Invariant: `tail - cached_head <= capacity`.
     tail: u32,

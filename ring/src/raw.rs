@@ -185,3 +185,230 @@ fn heap_ring<T: Entry>(capacity: u32) -> RawRing<T> {
         )
     }
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::{Cqe, RingError, Sqe};
+
+    fn cqe(i: u64) -> Cqe {
+        Cqe::new(i, i as i32, 0)
+    }
+
+    #[test]
+    fn entries_are_invisible_until_submit() {
+        let (mut tx, mut rx) = channel::<Cqe>(4);
+        assert_eq!((tx.capacity(), rx.capacity()), (4, 4));
+        tx.push(cqe(1)).unwrap();
+        tx.push(cqe(2)).unwrap();
+        assert_eq!(tx.pending(), 2);
+        assert_eq!(rx.pop(), Ok(None));
+        assert_eq!(rx.ready(), Ok(0));
+        assert_eq!(tx.submit(), 2);
+        assert_eq!(tx.submit(), 0, "nothing new to publish");
+        assert_eq!(tx.pending(), 0);
+        assert_eq!(rx.ready(), Ok(2));
+        assert_eq!(rx.peek(), Ok(Some(cqe(1))));
+        assert_eq!(rx.peek(), Ok(Some(cqe(1))), "peek leaves the entry");
+        assert_eq!(rx.pop(), Ok(Some(cqe(1))));
+        assert_eq!(rx.pop(), Ok(Some(cqe(2))));
+        assert_eq!(rx.pop(), Ok(None));
+    }
+
+    #[test]
+    fn full_ring_refuses_then_frees() {
+        let (mut tx, mut rx) = channel::<Cqe>(2);
+        tx.push(cqe(1)).unwrap();
+        tx.push(cqe(2)).unwrap();
+        assert_eq!(tx.push(cqe(3)), Err(RingError::Full));
+        assert_eq!(tx.free(), Ok(0));
+        tx.submit();
+        assert_eq!(
+            tx.push(cqe(3)),
+            Err(RingError::Full),
+            "published but not consumed"
+        );
+        assert_eq!(rx.pop(), Ok(Some(cqe(1))));
+        assert_eq!(tx.free(), Ok(1));
+        tx.push(cqe(3)).unwrap();
+        tx.submit();
+        assert_eq!(rx.pop(), Ok(Some(cqe(2))));
+        assert_eq!(rx.pop(), Ok(Some(cqe(3))));
+        assert_eq!(RingError::Full.status(), crate::Status::NoResource);
+    }
+
+    #[test]
+    fn batches_are_partial_when_space_is_short_and_wrap_in_order() {
+        let (mut tx, mut rx) = channel::<Cqe>(8);
+        let mut next_in = 0u64;
+        let mut next_out = 0u64;
+        let mut out = [Cqe::default(); 5];
+        // Sizes that do not divide the capacity, so batches straddle the end.
+        for round in 0..if cfg!(miri) { 20 } else { 2000 } {
+            let want = 1 + round % 7;
+            let batch: Vec<Cqe> = (next_in..next_in + want).map(cqe).collect();
+            let n = tx.push_batch(&batch).unwrap();
+            assert!(n as u64 <= want);
+            next_in += n as u64;
+            tx.submit();
+            let got = rx.pop_batch(&mut out[..(round % 5) as usize + 1]).unwrap();
+            for c in &out[..got] {
+                assert_eq!(*c, cqe(next_out));
+                next_out += 1;
+            }
+        }
+        while let Some(c) = rx.pop().unwrap() {
+            assert_eq!(c, cqe(next_out));
+            next_out += 1;
+        }
+        assert_eq!(next_in, next_out);
+        assert_eq!(rx.pop_batch(&mut out), Ok(0));
+        assert_eq!(tx.push_batch(&[]), Ok(0));
+    }
+
+    #[test]
+    fn next_entry_hands_out_zeroed_slots() {
+        let (mut tx, mut rx) = channel::<Sqe>(2);
+        *tx.next_entry().unwrap() = Sqe::flush(9).with_user_data(1);
+        tx.submit();
+        assert_eq!(rx.pop().unwrap().unwrap().endpoint, 9);
+        *tx.next_entry().unwrap() = Sqe::flush(9).with_user_data(2);
+        tx.submit();
+        assert_eq!(rx.pop().unwrap().unwrap().user_data, 2);
+        // The third slot reuses the first: it must come back zeroed.
+        let slot = tx.next_entry().unwrap();
+        assert_eq!(*slot, Sqe::default());
+        slot.user_data = 3;
+        tx.next_entry().unwrap();
+        assert_eq!(tx.next_entry(), Err(RingError::Full));
+        assert_eq!(tx.submit(), 2);
+        assert_eq!(rx.pop().unwrap().unwrap(), Sqe::nop().with_user_data(3));
+        assert_eq!(rx.pop().unwrap().unwrap(), Sqe::nop());
+    }
+
+    #[test]
+    fn wait_protocol_flags() {
+        let (mut tx, mut rx) = channel::<Cqe>(4);
+        assert!(!tx.needs_wakeup());
+        assert_eq!(rx.prepare_wait(), Ok(true), "empty: the consumer may sleep");
+        assert!(tx.needs_wakeup());
+        rx.finish_wait();
+        assert!(!tx.needs_wakeup());
+        tx.push(cqe(1)).unwrap();
+        tx.submit();
+        assert_eq!(
+            rx.prepare_wait(),
+            Ok(false),
+            "entries arrived: do not sleep"
+        );
+        assert!(!tx.needs_wakeup(), "the flag is cleared again");
+    }
+
+    #[test]
+    fn overflow_flag() {
+        let (mut tx, rx) = channel::<Cqe>(4);
+        assert!(!rx.is_overflowed());
+        tx.set_overflow(true);
+        assert!(rx.is_overflowed());
+        tx.set_overflow(false);
+        assert!(!rx.is_overflowed());
+    }
+
+    #[test]
+    fn corrupt_indices_are_errors_and_change_nothing() {
+        let (mut tx, mut rx) = channel::<Cqe>(4);
+        tx.push(cqe(1)).unwrap();
+        tx.submit();
+        // A tail more than `capacity` ahead of the head.
+        tx.ring.producer_line().tail.store(100, Ordering::Release);
+        let bad = Corrupt {
+            head: 0,
+            tail: 100,
+            capacity: 4,
+        };
+        assert_eq!(rx.pop(), Err(bad));
+        assert_eq!(rx.pop_batch(&mut [Cqe::default(); 2]), Err(bad));
+        assert_eq!(rx.ready(), Err(bad));
+        assert_eq!(rx.prepare_wait(), Err(bad));
+        assert!(
+            !tx.needs_wakeup(),
+            "a failed prepare_wait leaves no flag behind"
+        );
+        tx.ring.producer_line().tail.store(1, Ordering::Release);
+        assert_eq!(rx.pop(), Ok(Some(cqe(1))), "nothing was consumed meanwhile");
+
+        // A head ahead of the tail.
+        for _ in 0..4 {
+            let _ = tx.push(cqe(2));
+        }
+        rx.ring.consumer_line().head.store(7, Ordering::Release);
+        let err = tx.push(cqe(3)).unwrap_err();
+        assert_eq!(
+            err,
+            RingError::Corrupt(Corrupt {
+                head: 7,
+                tail: 5,
+                capacity: 4
+            })
+        );
+        assert_eq!(err.status(), crate::Status::RingCorrupt);
+        assert!(err.to_string().contains("exceeds capacity 4"));
+        assert!(tx.free().is_err());
+    }
+
+    #[test]
+    fn producer_and_consumer_on_two_threads() {
+        let n: u64 = if cfg!(miri) { 200 } else { 200_000 };
+        let (mut tx, mut rx) = channel::<Cqe>(16);
+        let producer = std::thread::spawn(move || {
+            let mut i = 0;
+            while i < n {
+                match tx.push(cqe(i)) {
+                    Ok(()) => i += 1,
+                    Err(RingError::Full) => {
+                        tx.submit();
+                        std::thread::yield_now();
+                    }
+                    Err(e) => panic!("{e}"),
+                }
+                if i % 3 == 0 {
+                    tx.submit();
+                }
+            }
+            tx.submit();
+        });
+        let mut expect = 0;
+        while expect < n {
+            match rx.pop().unwrap() {
+                Some(c) => {
+                    assert_eq!(c, cqe(expect));
+                    expect += 1;
+                }
+                None => std::thread::yield_now(),
+            }
+        }
+        producer.join().unwrap();
+        assert_eq!(rx.pop(), Ok(None));
+    }
+
+    #[test]
+    #[should_panic(expected = "ring capacity must be a power of two")]
+    fn capacity_must_be_a_power_of_two() {
+        let _ = channel::<Cqe>(12);
+    }
+
+    #[test]
+    #[should_panic(expected = "ring capacity must be a power of two")]
+    fn capacity_has_a_limit() {
+        let _ = channel::<Cqe>(MAX_ENTRIES * 2);
+    }
+
+    #[test]
+    fn debug_output_names_the_capacity() {
+        let (tx, _rx) = channel::<Cqe>(4);
+        assert!(format!("{tx:?}").contains("capacity: 4"));
+    }
+
+    use crate::error::Corrupt;
+    use crate::sync::Ordering;
+}
