@@ -6,10 +6,10 @@
 //! taken the last one (the rtrb benchmark's method). Throughput is in
 //! elements. Run: `cargo bench -p ringfence-benches --bench ring`.
 
-use criterion::{BenchmarkId, Criterion, Throughput, black_box, criterion_group, criterion_main};
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use crossbeam_queue::ArrayQueue;
 use ringfence_ring::{Consumer, Producer, RingError, Sqe, channel};
-use std::hint::spin_loop;
+use std::hint::{black_box, spin_loop};
 use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};

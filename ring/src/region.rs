@@ -337,7 +337,7 @@ impl Region {
 
     fn ring<T: Entry>(&self, offsets: RingOffsets) -> RawRing<T> {
         let base = self.base();
-        // SAFETY (all three): `offsets` is the canonical layout, which
+        // SAFETY: (all three) `offsets` is the canonical layout, which
         // `Layout::new` keeps inside `layout.size` bytes, and the mapping
         // is at least that long (`init` maps exactly that; `attach` checks
         // `size >= region_size`). Offsets are multiples of the lines' and

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Runs every ringfence test: format, lints, unit and integration tests (two
+# real processes included), doc tests, a bench smoke run, docs, loom models,
+# miri, and the struct layout audit. Installs what is missing first.
+#
+#   ./scripts/test.sh            everything
+#   RINGFENCE_SKIP_MIRI=1 ...    skip the miri step (it needs a nightly toolchain)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log_dir=target/test-logs
+mkdir -p "$log_dir"
+passed_steps=() skipped_steps=()
+
+say() { printf '\n== %s\n' "$*"; }
+
+# ---------------------------------------------------------------- installs
+apt_install() {
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    say "installing system packages: $*"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@"
+  else
+    echo "missing system packages: $*" >&2
+    echo "install them (Debian/Ubuntu: sudo apt-get install $*) and run this again" >&2
+    exit 1
+  fi
+}
+
+missing=()
+command -v cc >/dev/null 2>&1 || missing+=(gcc libc6-dev)
+command -v strip >/dev/null 2>&1 || missing+=(binutils)
+command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
+[ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}"
+
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "cargo not found: install Rust (https://rustup.rs), stable 1.85 or newer" >&2
+  exit 1
+fi
+for component in rustfmt clippy; do
+  if ! cargo "${component/rustfmt/fmt}" --version >/dev/null 2>&1; then
+    rustup component add "$component"
+  fi
+done
+
+# ---------------------------------------------------------------- steps
+run_step() { # name command...
+  local name=$1; shift
+  say "$name: $*"
+  "$@"
+  passed_steps+=("$name")
+}
+
+run_step format cargo fmt --all -- --check
+run_step clippy cargo clippy --workspace --all-targets --locked -- -D warnings
+
+# Unit, integration and doc tests; the output is kept to count the tests.
+say "tests: cargo test --workspace"
+cargo test --workspace --locked 2>&1 | tee "$log_dir/cargo-test.log"
+passed_steps+=(tests)
+
+# Each criterion bench once, untimed: proves the benches build and their
+# correctness checks pass. Timings come from `cargo bench` (benches/README.md).
+run_step bench-smoke cargo test -p ringfence-benches --benches --locked
+
+RUSTDOCFLAGS="-D warnings" run_step docs cargo doc --workspace --no-deps --locked
+
+# Loom models of the ring protocol, in their own target dir so the cfg
+# change does not throw away the main build.
+CARGO_TARGET_DIR=target/loom RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 \
+  run_step loom cargo test -p ringfence-ring --release --test loom --locked
+
+# Miri over the ring's unsafe code (regions and doorbells need system calls
+# miri does not model; those tests say so and are skipped under miri).
+have_miri() { cargo +nightly miri --version >/dev/null 2>&1; }
+if [ "${RINGFENCE_SKIP_MIRI:-0}" = 1 ]; then
+  echo "miri: skipped (RINGFENCE_SKIP_MIRI=1)"; skipped_steps+=(miri)
+else
+  if ! have_miri && command -v rustup >/dev/null 2>&1; then
+    timeout 600 rustup toolchain install nightly --profile minimal --component miri,rust-src >/dev/null 2>&1 \
+      || timeout 600 rustup component add miri rust-src --toolchain nightly >/dev/null 2>&1 || true
+  fi
+  if have_miri; then
+    MIRIFLAGS="-Zmiri-strict-provenance -Zmiri-symbolic-alignment-check" \
+      run_step miri cargo +nightly miri test -p ringfence-ring --lib
+  else
+    echo "miri: SKIPPED, no nightly toolchain with miri could be had (rustup toolchain install nightly --component miri,rust-src)"
+    skipped_steps+=(miri)
+  fi
+fi
+
+# The struct layout audit against the committed baseline.
+if [ -f tools/layout.toml ] && [ -f tools/src/bin/rflayout.rs ]; then
+  cargo build -p ringfence-ring --locked
+  run_step rflayout cargo run -q -p ringfence-tools --bin rflayout --locked -- \
+    check target/debug/libringfence_ring.rlib --baseline tools/layout.toml
+fi
+
+# ---------------------------------------------------------------- summary
+passed=$(grep -Eo 'test result: ok\. [0-9]+ passed' "$log_dir/cargo-test.log" | awk '{s += $4} END {print s + 0}')
+ignored=$(grep -Eo '[0-9]+ ignored' "$log_dir/cargo-test.log" | awk '{s += $1} END {print s + 0}')
+say "steps passed: ${passed_steps[*]}${skipped_steps:+; skipped: ${skipped_steps[*]}}"
+echo "tests: $passed passed, 0 failed, $ignored skipped"
