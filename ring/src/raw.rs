@@ -305,6 +305,37 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "eventfd")]
+    fn wait_sleeps_until_submit_and_wake_rings() {
+        let bell = std::sync::Arc::new(crate::Doorbell::new().unwrap());
+        let (mut tx, mut rx) = channel::<Cqe>(4);
+        // Nothing ready and nobody rings: the wait times out.
+        assert!(!rx.wait(&bell, Some(std::time::Duration::ZERO)).unwrap());
+        assert!(!tx.needs_wakeup(), "the flag is cleared after a wait");
+        let consumer = {
+            let bell = bell.clone();
+            std::thread::spawn(move || {
+                let mut got = Vec::new();
+                while got.len() < 3 {
+                    match rx.pop().unwrap() {
+                        Some(c) => got.push(c),
+                        None => {
+                            // No timeout: only the producer's ring ends this.
+                            rx.wait(&bell, None).unwrap();
+                        }
+                    }
+                }
+                got
+            })
+        };
+        for i in 0..3 {
+            tx.push(cqe(i)).unwrap();
+            assert_eq!(tx.submit_and_wake(&bell).unwrap(), 1);
+        }
+        assert_eq!(consumer.join().unwrap(), vec![cqe(0), cqe(1), cqe(2)]);
+    }
+
+    #[test]
     fn overflow_flag() {
         let (mut tx, rx) = channel::<Cqe>(4);
         assert!(!rx.is_overflowed());
