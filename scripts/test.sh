@@ -89,12 +89,13 @@ else
   fi
 fi
 
-# The struct layout audit against the committed baseline.
-if [ -f tools/layout.toml ] && [ -f tools/src/bin/rflayout.rs ]; then
-  cargo build -p ringfence-ring --locked
-  run_step rflayout cargo run -q -p ringfence-tools --bin rflayout --locked -- \
-    check target/debug/libringfence_ring.rlib --baseline tools/layout.toml
-fi
+# The struct layout audit against the committed baselines: the ring ABI
+# types from the ring's rlib, the engine's hot structs from the core's.
+cargo build -p ringfence-ring -p ringfence --locked
+run_step rflayout-ring cargo run -q -p ringfence-tools --bin rflayout --locked -- \
+  check target/debug/libringfence_ring.rlib --baseline tools/layout.toml
+run_step rflayout-core cargo run -q -p ringfence-tools --bin rflayout --locked -- \
+  check target/debug/libringfence.rlib --baseline tools/layout-core.toml
 
 # ---------------------------------------------------------------- summary
 passed=$(grep -Eo 'test result: ok\. [0-9]+ passed' "$log_dir/cargo-test.log" | awk '{s += $4} END {print s + 0}')

@@ -1,0 +1,265 @@
+//! The boundary between the engine and the transports.
+//!
+//! A driver moves bytes; the engine decides what, when, and in which order.
+//! Drivers never call back into the engine: [`Driver::post`] and
+//! [`Driver::flush`] return [`Posted::Done`] (finished, with its result),
+//! [`Posted::InFlight`] (its completion will come out of [`Driver::poll`]
+//! as a [`Completion`] carrying the same [`Token`]), or
+//! [`Posted::NoResource`] (nothing was done; try again later). That
+//! tri-state is what keeps a synchronously completing flush from re-entering
+//! the engine (FENCE.md R25, W1).
+
+use crate::NotifyPool;
+use crate::memory::MemKind;
+use ringfence_ring::{AtomicOp, Status};
+use std::fmt;
+use std::sync::Arc;
+
+/// A set of lanes of one endpoint: bit `i` is lane `i`.
+pub type LaneMask = u64;
+
+/// The most lanes an endpoint can have (one bit of a [`LaneMask`] each).
+pub const MAX_LANES: u8 = 64;
+
+/// What a driver can do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// Operations posted on one lane take effect at the target in posting
+    /// order (RC QP, TCP stream, shm FIFO, one CUDA stream).
+    pub ordered_lanes: bool,
+    /// The driver executes ATOMIC operations.
+    pub atomics: bool,
+    /// The driver executes GET.
+    pub get: bool,
+    /// The driver delivers NOTIFY payloads.
+    pub notify: bool,
+    /// Memory kinds it can register.
+    pub mem_kinds: &'static [MemKind],
+    /// Most lanes per endpoint, `1..=64`.
+    pub max_lanes: u8,
+    /// Largest single PUT/GET/NOTIFY in bytes.
+    pub max_len: u32,
+}
+
+impl Capabilities {
+    /// Capabilities with every operation supported on host memory.
+    pub const fn new(max_lanes: u8, max_len: u32) -> Self {
+        Capabilities {
+            ordered_lanes: true,
+            atomics: true,
+            get: true,
+            notify: true,
+            mem_kinds: &[MemKind::Host],
+            max_lanes,
+            max_len,
+        }
+    }
+
+    /// Whether memory of `kind` can be registered.
+    pub fn supports_mem_kind(&self, kind: MemKind) -> bool {
+        self.mem_kinds.contains(&kind)
+    }
+}
+
+/// Identifies one posted operation or flush in the driver's completions.
+/// Opaque to the driver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Token(pub u64);
+
+/// The outcome of a post or a flush.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub enum Posted {
+    /// Finished already: `Ok(bytes)` or the failure. No completion follows.
+    Done(Result<u32, Status>),
+    /// Its completion will be returned by [`Driver::poll`], exactly once.
+    InFlight,
+    /// Nothing was done: the lane or the peer has no room. Post it again
+    /// later; no completion follows.
+    NoResource,
+}
+
+/// A finished operation or flush, returned by [`Driver::poll`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Completion {
+    /// The token given to `post` or `flush`.
+    pub token: Token,
+    /// `Ok(bytes)` or the failure.
+    pub result: Result<u32, Status>,
+}
+
+impl Default for Completion {
+    fn default() -> Self {
+        Completion {
+            token: Token(0),
+            result: Ok(0),
+        }
+    }
+}
+
+/// A driver's handle for a connection to one peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DriverEp(pub u32);
+
+/// A driver's handle for a local registration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DriverMemKey(pub u64);
+
+/// A driver's handle for an unpacked remote key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DriverRkey(pub u32);
+
+/// Memory to register with a driver.
+#[derive(Debug, Clone, Copy)]
+pub struct MemDesc {
+    /// Start address.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// What memory it is.
+    pub kind: MemKind,
+    /// The random secret a remote access must present.
+    pub secret: u64,
+}
+
+/// What an operation does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpKind {
+    /// Local to remote.
+    Put,
+    /// Remote to local.
+    Get,
+    /// An 8-byte atomic on remote memory.
+    Atomic(AtomicOp),
+    /// A payload for the peer's notification buffers; `operand` is its tag.
+    Notify,
+}
+
+/// One validated operation, as handed to [`Driver::post`].
+///
+/// The engine has checked the local range against the local registration and
+/// the remote range against the bounds in the remote key; the driver's
+/// target side still checks the key's secret and bounds itself, because the
+/// key blob came from the wire.
+#[derive(Debug, Clone, Copy)]
+pub struct Op {
+    /// What to do.
+    pub kind: OpKind,
+    /// The lane to use, below the endpoint's lane count.
+    pub lane: u8,
+    /// Local address (PUT source, GET destination, fetched value, NOTIFY
+    /// payload); unused by a non-fetching atomic.
+    pub local_addr: u64,
+    /// The driver's key for the local registration, if any.
+    pub local_key: Option<DriverMemKey>,
+    /// Remote key and address (PUT, GET, ATOMIC).
+    pub remote: Option<(DriverRkey, u64)>,
+    /// Bytes (8 for atomics).
+    pub len: u32,
+    /// Atomic operand, or the NOTIFY tag.
+    pub operand: u64,
+    /// Second atomic operand (CSWAP's swap value).
+    pub operand2: u64,
+}
+
+/// What the engine gives a driver when the worker is built.
+#[derive(Debug, Clone)]
+pub struct DriverContext {
+    /// Where incoming notifications go: the driver copies each payload into a
+    /// buffer it claims from this pool.
+    pub notify: Arc<NotifyPool>,
+}
+
+/// A driver failure outside the data path (connect, register, keys).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DriverError {
+    /// The status a caller sees.
+    pub status: Status,
+    /// What went wrong, for people.
+    pub detail: String,
+}
+
+impl DriverError {
+    /// A failure with `status` and a description.
+    pub fn new(status: Status, detail: impl Into<String>) -> Self {
+        DriverError {
+            status,
+            detail: detail.into(),
+        }
+    }
+}
+
+impl fmt::Display for DriverError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({})", self.detail, self.status)
+    }
+}
+
+impl std::error::Error for DriverError {}
+
+/// A transport: shared memory, TCP, RDMA verbs, CUDA, or the built-in
+/// loopback.
+///
+/// Every method runs on the thread that runs the worker's progress (or that
+/// builds, connects or registers, under the same lock); none blocks on the
+/// network. Data-path methods (`post`, `flush`, `poll`) must not allocate.
+pub trait Driver: Send + fmt::Debug + 'static {
+    /// A short, unique name (`"loopback"`, `"shm"`, …); it tags this
+    /// driver's part of a worker address.
+    fn name(&self) -> &'static str;
+
+    /// What the driver can do.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Called once when the worker is built, before anything else.
+    fn attach(&mut self, ctx: DriverContext);
+
+    /// This driver's part of the worker address: what a peer's driver of the
+    /// same name needs to connect.
+    fn address(&self) -> Vec<u8>;
+
+    /// Connects to a peer from its address part, with `lanes` lanes.
+    ///
+    /// # Errors
+    /// The address is malformed or the peer unreachable.
+    fn connect(&mut self, peer: &[u8], lanes: u8) -> Result<DriverEp, DriverError>;
+
+    /// Releases a connection. Operations still in flight on it complete
+    /// (with an error if they cannot finish) through `poll`.
+    fn disconnect(&mut self, ep: DriverEp);
+
+    /// Registers memory for local use and remote access.
+    ///
+    /// # Errors
+    /// The memory kind is unsupported or a resource ran out.
+    fn register(&mut self, mem: &MemDesc) -> Result<DriverMemKey, DriverError>;
+
+    /// Withdraws a registration: no remote access succeeds after this
+    /// returns.
+    fn deregister(&mut self, key: DriverMemKey);
+
+    /// The blob a peer needs to access a registration remotely.
+    ///
+    /// # Errors
+    /// The key is unknown.
+    fn pack_rkey(&self, key: DriverMemKey) -> Result<Vec<u8>, DriverError>;
+
+    /// Turns a peer's blob into a handle usable on `ep`.
+    ///
+    /// # Errors
+    /// The blob is malformed, or names another peer.
+    fn unpack_rkey(&mut self, ep: DriverEp, blob: &[u8]) -> Result<DriverRkey, DriverError>;
+
+    /// Starts one operation on `ep`. Must not allocate or block.
+    fn post(&mut self, ep: DriverEp, op: &Op, token: Token) -> Posted;
+
+    /// Starts a flush of `lanes` of `ep`: it completes when every operation
+    /// posted on those lanes before it is remotely complete. An empty mask
+    /// completes at once. Must not allocate or block.
+    fn flush(&mut self, ep: DriverEp, lanes: LaneMask, token: Token) -> Posted;
+
+    /// Fills `out` with finished operations and flushes; returns how many.
+    /// Never blocks.
+    fn poll(&mut self, out: &mut [Completion]) -> usize;
+}

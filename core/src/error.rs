@@ -1,0 +1,77 @@
+//! The crate's error type for control-path calls (build, connect, register).
+//! Data-path failures are [`Status`] values in CQEs.
+
+use ringfence_ring::{RegionError, Status};
+
+/// A failed control-path call.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An environment variable is malformed.
+    #[error("environment variable {var}={value:?} is invalid: expected {expected}")]
+    Config {
+        /// The variable.
+        var: &'static str,
+        /// Its value.
+        value: String,
+        /// What it should be.
+        expected: &'static str,
+    },
+    /// A builder value is invalid.
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(&'static str),
+    /// `RINGFENCE_DRIVERS` names a driver the program did not provide, or
+    /// no driver is left.
+    #[error("driver selection: {0}")]
+    Drivers(String),
+    /// A driver refused.
+    #[error("{driver}: {op} failed: {source}")]
+    Driver {
+        /// The driver's name.
+        driver: &'static str,
+        /// What was being done.
+        op: &'static str,
+        /// The driver's error.
+        #[source]
+        source: crate::driver::DriverError,
+    },
+    /// A call failed with a status.
+    #[error("{op} failed: {status}")]
+    Status {
+        /// What was being done.
+        op: &'static str,
+        /// Why.
+        status: Status,
+    },
+    /// A ring could not be set up.
+    #[error("ring setup failed")]
+    Ring(#[from] RegionError),
+    /// An OS call failed (thread spawn, eventfd, affinity).
+    #[error("{op} failed")]
+    Os {
+        /// What was being done.
+        op: &'static str,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    /// The status a C caller would see.
+    pub fn status(&self) -> Status {
+        match self {
+            Error::Config { .. } | Error::InvalidConfig(_) | Error::Drivers(_) => {
+                Status::InvalidArgument
+            }
+            Error::Driver { source, .. } => source.status,
+            Error::Status { status, .. } => *status,
+            Error::Ring(_) => Status::NoMemory,
+            Error::Os { .. } => Status::Io,
+        }
+    }
+
+    pub(crate) fn status_of(op: &'static str) -> impl FnOnce(Status) -> Error {
+        move |status| Error::Status { op, status }
+    }
+}

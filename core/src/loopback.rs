@@ -1,0 +1,451 @@
+//! The built-in loopback driver: workers of one process connected to each
+//! other, operations executed directly on the target's registered memory.
+//!
+//! It exists so that the engine's every path can run without hardware: each
+//! endpoint may have several lanes, and operations complete either at once
+//! ([`CompletionMode::Immediate`]) or on the next [`Driver::poll`]
+//! ([`CompletionMode::NextPoll`]), where lanes are drained in a rotating
+//! order so effects on different lanes land in different orders, as on a
+//! real multi-lane transport.
+//!
+//! The target side checks every access against its export table: the key's
+//! region must still be registered, its secret must match, and the range must
+//! lie inside the region; otherwise the operation fails with
+//! [`Status::AccessDenied`] or [`Status::OutOfBounds`] before any byte moves.
+//! The table is locked for reading while an access runs, so deregistration
+//! (which takes it for writing) never leaves an access behind.
+
+#![allow(unsafe_code)]
+
+use crate::NotifyPool;
+use crate::driver::{
+    Capabilities, Completion, Driver, DriverContext, DriverEp, DriverError, DriverMemKey,
+    DriverRkey, LaneMask, MemDesc, Op, OpKind, Posted, Token,
+};
+use crate::memory::{MemKind, within};
+use crate::sys::mem;
+use ringfence_ring::{AtomicOp, Status};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
+
+/// When loopback operations complete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CompletionMode {
+    /// Executed and completed inside `post` (`Posted::Done`).
+    #[default]
+    Immediate,
+    /// Queued on their lane; executed and completed by the next `poll`.
+    NextPoll,
+}
+
+/// Operations one lane can hold in `NextPoll` mode before `post` answers
+/// `NoResource` (the queues are allocated once, at connect).
+const LANE_DEPTH: usize = 4096;
+
+#[derive(Debug, Clone, Copy)]
+struct Export {
+    base: u64,
+    len: u64,
+    secret: u64,
+}
+
+/// One loopback worker as its peers see it.
+#[derive(Debug)]
+struct Node {
+    id: u64,
+    alive: AtomicBool,
+    exports: RwLock<HashMap<u32, Export>>,
+    notify: OnceLock<Arc<NotifyPool>>,
+}
+
+fn fabric() -> &'static Mutex<HashMap<u64, Weak<Node>>> {
+    static FABRIC: OnceLock<Mutex<HashMap<u64, Weak<Node>>>> = OnceLock::new();
+    FABRIC.get_or_init(Default::default)
+}
+
+const ADDRESS_MAGIC: &[u8; 4] = b"LOOP";
+
+#[derive(Debug, Clone, Copy)]
+struct Queued {
+    op: Op,
+    token: Token,
+    seq: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct PendingFlush {
+    token: Token,
+    lanes: LaneMask,
+    /// Every operation with a sequence number up to this one must have run.
+    seq: u64,
+}
+
+#[derive(Debug)]
+struct Conn {
+    peer: Arc<Node>,
+    lanes: Vec<VecDeque<Queued>>,
+    flushes: VecDeque<PendingFlush>,
+    next_seq: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct RemoteKey {
+    region: u32,
+    secret: u64,
+    ep: DriverEp,
+}
+
+/// The loopback driver. See the module docs.
+#[derive(Debug)]
+pub struct Loopback {
+    mode: CompletionMode,
+    node: Arc<Node>,
+    conns: Vec<Option<Conn>>,
+    rkeys: Vec<RemoteKey>,
+    next_region: u32,
+    /// Completions produced outside `poll` (disconnect), returned first.
+    ready: VecDeque<Completion>,
+    rotation: usize,
+}
+
+impl Loopback {
+    /// A loopback driver that completes operations at once.
+    pub fn new() -> Loopback {
+        Loopback::with_mode(CompletionMode::Immediate)
+    }
+
+    /// A loopback driver with the given completion mode.
+    pub fn with_mode(mode: CompletionMode) -> Loopback {
+        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+        let node = Arc::new(Node {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            alive: AtomicBool::new(true),
+            exports: RwLock::new(HashMap::new()),
+            notify: OnceLock::new(),
+        });
+        fabric()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(node.id, Arc::downgrade(&node));
+        Loopback {
+            mode,
+            node,
+            conns: Vec::new(),
+            rkeys: Vec::new(),
+            next_region: 1,
+            ready: VecDeque::new(),
+            rotation: 0,
+        }
+    }
+
+    fn conn(&mut self, ep: DriverEp) -> Option<&mut Conn> {
+        self.conns.get_mut(ep.0 as usize)?.as_mut()
+    }
+
+    /// Runs `op` against `peer`. The local range was validated by the engine.
+    fn execute(peer: &Node, rkeys: &[RemoteKey], ep: DriverEp, op: &Op) -> Result<u32, Status> {
+        if !peer.alive.load(Ordering::Acquire) {
+            return Err(Status::PeerUnreachable);
+        }
+        if op.kind == OpKind::Notify {
+            let pool = peer.notify.get().ok_or(Status::Truncated)?;
+            // SAFETY: the engine checked `[local_addr, +len)` against a live
+            // local registration and holds it until this completes.
+            unsafe { pool.deliver(op.local_addr, op.len, op.operand) }?;
+            return Ok(op.len);
+        }
+        let (rkey, remote_addr) = op.remote.ok_or(Status::InvalidRkey)?;
+        let key = rkeys
+            .get(rkey.0 as usize)
+            .filter(|k| k.ep == ep)
+            .ok_or(Status::InvalidRkey)?;
+        let exports = peer.exports.read().unwrap_or_else(|e| e.into_inner());
+        let export = exports
+            .get(&key.region)
+            .filter(|e| e.secret == key.secret)
+            .ok_or(Status::AccessDenied)?;
+        if !within(export.base, export.len, remote_addr, u64::from(op.len)) {
+            return Err(Status::OutOfBounds);
+        }
+        // Every access below happens with the export table read-locked, so
+        // the target region cannot be deregistered meanwhile.
+        match op.kind {
+            // SAFETY: local range validated by the engine; remote range
+            // checked just above against a live export.
+            OpKind::Put => unsafe { mem::copy(op.local_addr, remote_addr, op.len as usize) },
+            // SAFETY: as for PUT, in the other direction.
+            OpKind::Get => unsafe { mem::copy(remote_addr, op.local_addr, op.len as usize) },
+            OpKind::Atomic(aop) => {
+                if remote_addr % 8 != 0 || op.len != 8 {
+                    return Err(Status::Misaligned);
+                }
+                // SAFETY: 8 aligned bytes inside a live export (checked).
+                let old = unsafe { mem::atomic(remote_addr, aop, op.operand, op.operand2) };
+                if aop != AtomicOp::ADD {
+                    // SAFETY: the engine checked that the local result word
+                    // is 8-aligned inside a live local registration.
+                    unsafe { mem::store_u64(op.local_addr, old) };
+                }
+            }
+            OpKind::Notify => unreachable!("handled above"),
+        }
+        Ok(op.len)
+    }
+}
+
+impl Default for Loopback {
+    fn default() -> Self {
+        Loopback::new()
+    }
+}
+
+impl Drop for Loopback {
+    fn drop(&mut self) {
+        // No peer may touch this worker's memory from now on.
+        self.node.alive.store(false, Ordering::Release);
+        self.node
+            .exports
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        fabric()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.node.id);
+    }
+}
+
+fn err(status: Status, detail: &str) -> DriverError {
+    DriverError::new(status, detail)
+}
+
+impl Driver for Loopback {
+    fn name(&self) -> &'static str {
+        "loopback"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(crate::driver::MAX_LANES, 1 << 30)
+    }
+
+    fn attach(&mut self, ctx: DriverContext) {
+        let _ = self.node.notify.set(ctx.notify);
+    }
+
+    fn address(&self) -> Vec<u8> {
+        let mut address = ADDRESS_MAGIC.to_vec();
+        address.extend_from_slice(&self.node.id.to_le_bytes());
+        address
+    }
+
+    fn connect(&mut self, peer: &[u8], lanes: u8) -> Result<DriverEp, DriverError> {
+        if peer.len() != 12 || &peer[..4] != ADDRESS_MAGIC {
+            return Err(err(Status::InvalidArgument, "malformed loopback address"));
+        }
+        let id = u64::from_le_bytes(peer[4..].try_into().expect("8 bytes"));
+        let node = fabric()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&id)
+            .and_then(Weak::upgrade)
+            .ok_or_else(|| {
+                err(
+                    Status::PeerUnreachable,
+                    "no loopback worker with that address in this process",
+                )
+            })?;
+        let depth = if self.mode == CompletionMode::NextPoll {
+            LANE_DEPTH
+        } else {
+            0
+        };
+        let conn = Conn {
+            peer: node,
+            lanes: (0..lanes).map(|_| VecDeque::with_capacity(depth)).collect(),
+            flushes: VecDeque::with_capacity(depth),
+            next_seq: 1,
+        };
+        self.conns.push(Some(conn));
+        Ok(DriverEp(self.conns.len() as u32 - 1))
+    }
+
+    fn disconnect(&mut self, ep: DriverEp) {
+        let Some(conn) = self.conns.get_mut(ep.0 as usize).and_then(Option::take) else {
+            return;
+        };
+        for q in conn.lanes {
+            self.ready.extend(q.into_iter().map(|q| Completion {
+                token: q.token,
+                result: Err(Status::Canceled),
+            }));
+        }
+        self.ready
+            .extend(conn.flushes.into_iter().map(|f| Completion {
+                token: f.token,
+                result: Err(Status::Canceled),
+            }));
+    }
+
+    fn register(&mut self, mem: &MemDesc) -> Result<DriverMemKey, DriverError> {
+        if mem.kind != MemKind::Host {
+            return Err(err(
+                Status::Unsupported,
+                "loopback registers host memory only",
+            ));
+        }
+        let region = self.next_region;
+        self.next_region = self
+            .next_region
+            .checked_add(1)
+            .ok_or_else(|| err(Status::NoResource, "region ids exhausted"))?;
+        let export = Export {
+            base: mem.addr,
+            len: mem.len,
+            secret: mem.secret,
+        };
+        self.node
+            .exports
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(region, export);
+        Ok(DriverMemKey(u64::from(region)))
+    }
+
+    fn deregister(&mut self, key: DriverMemKey) {
+        self.node
+            .exports
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&(key.0 as u32));
+    }
+
+    fn pack_rkey(&self, key: DriverMemKey) -> Result<Vec<u8>, DriverError> {
+        let exports = self.node.exports.read().unwrap_or_else(|e| e.into_inner());
+        let export = exports
+            .get(&(key.0 as u32))
+            .ok_or_else(|| err(Status::InvalidMemHandle, "not registered"))?;
+        let mut blob = self.node.id.to_le_bytes().to_vec();
+        blob.extend_from_slice(&(key.0 as u32).to_le_bytes());
+        blob.extend_from_slice(&export.secret.to_le_bytes());
+        Ok(blob)
+    }
+
+    fn unpack_rkey(&mut self, ep: DriverEp, blob: &[u8]) -> Result<DriverRkey, DriverError> {
+        if blob.len() != 20 {
+            return Err(err(Status::InvalidArgument, "malformed loopback key"));
+        }
+        let node = u64::from_le_bytes(blob[..8].try_into().expect("8 bytes"));
+        let region = u32::from_le_bytes(blob[8..12].try_into().expect("4 bytes"));
+        let secret = u64::from_le_bytes(blob[12..].try_into().expect("8 bytes"));
+        let conn = self
+            .conn(ep)
+            .ok_or_else(|| err(Status::InvalidEndpoint, "not connected"))?;
+        if conn.peer.id != node {
+            return Err(err(Status::InvalidRkey, "the key belongs to another peer"));
+        }
+        self.rkeys.push(RemoteKey { region, secret, ep });
+        Ok(DriverRkey(self.rkeys.len() as u32 - 1))
+    }
+
+    fn post(&mut self, ep: DriverEp, op: &Op, token: Token) -> Posted {
+        let mode = self.mode;
+        let Some(conn) = self.conns.get_mut(ep.0 as usize).and_then(Option::as_mut) else {
+            return Posted::Done(Err(Status::EndpointClosed));
+        };
+        let Some(lane) = conn.lanes.get_mut(op.lane as usize) else {
+            return Posted::Done(Err(Status::InvalidArgument));
+        };
+        if mode == CompletionMode::NextPoll {
+            if lane.len() >= LANE_DEPTH {
+                return Posted::NoResource;
+            }
+            lane.push_back(Queued {
+                op: *op,
+                token,
+                seq: conn.next_seq,
+            });
+            conn.next_seq += 1;
+            return Posted::InFlight;
+        }
+        match Loopback::execute(&conn.peer, &self.rkeys, ep, op) {
+            Err(Status::NoResource) => Posted::NoResource,
+            result => Posted::Done(result),
+        }
+    }
+
+    fn flush(&mut self, ep: DriverEp, lanes: LaneMask, token: Token) -> Posted {
+        let Some(conn) = self.conns.get_mut(ep.0 as usize).and_then(Option::as_mut) else {
+            return Posted::Done(Err(Status::EndpointClosed));
+        };
+        if self.mode == CompletionMode::Immediate || lanes == 0 {
+            return Posted::Done(Ok(0));
+        }
+        if conn.flushes.len() >= LANE_DEPTH {
+            return Posted::NoResource;
+        }
+        conn.flushes.push_back(PendingFlush {
+            token,
+            lanes,
+            seq: conn.next_seq - 1,
+        });
+        Posted::InFlight
+    }
+
+    fn poll(&mut self, out: &mut [Completion]) -> usize {
+        let mut n = 0;
+        while n < out.len() {
+            let Some(c) = self.ready.pop_front() else {
+                break;
+            };
+            out[n] = c;
+            n += 1;
+        }
+        self.rotation = self.rotation.wrapping_add(1);
+        for (index, slot) in self.conns.iter_mut().enumerate() {
+            let Some(conn) = slot.as_mut() else { continue };
+            let lanes = conn.lanes.len();
+            for k in 0..lanes {
+                // Rotate the starting lane so that, across polls, effects on
+                // different lanes land in different orders.
+                let lane = (k + self.rotation) % lanes;
+                while n < out.len() {
+                    // A NOTIFY that finds no free buffer waits at its lane's
+                    // head (the lane stays ordered) until a later poll.
+                    let Some(q) = conn.lanes[lane].front().copied() else {
+                        break;
+                    };
+                    let result =
+                        Loopback::execute(&conn.peer, &self.rkeys, DriverEp(index as u32), &q.op);
+                    if result == Err(Status::NoResource) {
+                        break;
+                    }
+                    conn.lanes[lane].pop_front();
+                    out[n] = Completion {
+                        token: q.token,
+                        result,
+                    };
+                    n += 1;
+                }
+            }
+            while n < out.len() {
+                let Some(f) = conn.flushes.front().copied() else {
+                    break;
+                };
+                let done = conn.lanes.iter().enumerate().all(|(i, q)| {
+                    f.lanes & (1 << i) == 0 || q.front().is_none_or(|front| front.seq > f.seq)
+                });
+                if !done {
+                    break;
+                }
+                conn.flushes.pop_front();
+                out[n] = Completion {
+                    token: f.token,
+                    result: Ok(0),
+                };
+                n += 1;
+            }
+        }
+        n
+    }
+}

@@ -1,0 +1,369 @@
+//! The memory registry: local registrations, packed and unpacked remote keys.
+//!
+//! A registration is named in SQEs by a [`MemHandle`] (slot and generation,
+//! so a handle outlives nothing: after deregistration it is stale, never
+//! another registration). A remote key travels as a blob made by
+//! [`Worker::pack_rkey`](crate::Worker::pack_rkey): the exact bounds of the
+//! region plus the driver's own part, which carries a random secret that the
+//! target side checks. The peer's
+//! [`Worker::unpack_rkey`](crate::Worker::unpack_rkey) turns it into an
+//! [`RkeyId`] bound to one endpoint.
+
+use crate::driver::{DriverMemKey, DriverRkey};
+use crate::sys::mem::OwnedMem;
+use ringfence_ring::Status;
+use std::sync::Arc;
+
+/// What kind of memory a registration is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum MemKind {
+    /// Ordinary host memory.
+    Host,
+    /// CUDA device memory.
+    Cuda,
+}
+
+/// A local registration, as put in [`Sqe::local_mem`](ringfence_ring::Sqe).
+/// Zero is never a valid handle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MemHandle(u32);
+
+impl MemHandle {
+    /// The raw value for an SQE.
+    pub const fn as_raw(self) -> u32 {
+        self.0
+    }
+
+    fn new(slot: u16, generation: u16) -> MemHandle {
+        MemHandle(u32::from(generation) << 16 | u32::from(slot))
+    }
+
+    fn slot(raw: u32) -> usize {
+        (raw & 0xffff) as usize
+    }
+
+    fn generation(raw: u32) -> u16 {
+        (raw >> 16) as u16
+    }
+}
+
+/// An unpacked remote key, as put in [`Sqe::rkey`](ringfence_ring::Sqe).
+/// Zero is never a valid id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RkeyId(u32);
+
+impl RkeyId {
+    /// The raw value for an SQE.
+    pub const fn as_raw(self) -> u32 {
+        self.0
+    }
+}
+
+/// One registration.
+#[derive(Debug)]
+pub(crate) struct Registration {
+    pub base: u64,
+    pub len: u64,
+    /// The driver's key, one per driver of the worker (same order).
+    pub keys: Vec<DriverMemKey>,
+    /// Requests that reference this registration and have not completed.
+    pub inflight: u32,
+    /// Memory the registry owns (from `alloc_registered`), kept alive here
+    /// until the registration and every handle to it are gone.
+    pub _owned: Option<Arc<OwnedMem>>,
+}
+
+#[derive(Debug, Default)]
+struct Slot {
+    /// Bumped on every removal; starts at 1 so that handle 0 is invalid.
+    generation: u16,
+    registration: Option<Registration>,
+}
+
+/// The local registrations of a worker.
+#[derive(Debug, Default)]
+pub(crate) struct MemRegistry {
+    slots: Vec<Slot>,
+}
+
+impl MemRegistry {
+    /// Adds a registration.
+    ///
+    /// # Errors
+    /// [`Status::NoResource`] when all 65,536 slots are in use.
+    pub fn insert(&mut self, registration: Registration) -> Result<MemHandle, Status> {
+        let slot = match self.slots.iter().position(|s| s.registration.is_none()) {
+            Some(i) => i,
+            None if self.slots.len() < 1 << 16 => {
+                self.slots.push(Slot {
+                    generation: 1,
+                    registration: None,
+                });
+                self.slots.len() - 1
+            }
+            None => return Err(Status::NoResource),
+        };
+        let s = &mut self.slots[slot];
+        s.registration = Some(registration);
+        Ok(MemHandle::new(slot as u16, s.generation))
+    }
+
+    /// The live registration named by a raw handle.
+    pub fn get(&self, raw: u32) -> Option<&Registration> {
+        let s = self.slots.get(MemHandle::slot(raw))?;
+        if s.generation != MemHandle::generation(raw) {
+            return None;
+        }
+        s.registration.as_ref()
+    }
+
+    /// As `get`, mutable.
+    pub fn get_mut(&mut self, raw: u32) -> Option<&mut Registration> {
+        let s = self.slots.get_mut(MemHandle::slot(raw))?;
+        if s.generation != MemHandle::generation(raw) {
+            return None;
+        }
+        s.registration.as_mut()
+    }
+
+    /// Checks that `[addr, addr + len)` lies in registration `raw`.
+    ///
+    /// # Errors
+    /// [`Status::InvalidMemHandle`] for an unknown or stale handle;
+    /// [`Status::OutOfBounds`] for a range outside it.
+    pub fn check(&self, raw: u32, addr: u64, len: u64) -> Result<&Registration, Status> {
+        let r = self.get(raw).ok_or(Status::InvalidMemHandle)?;
+        if within(r.base, r.len, addr, len) {
+            Ok(r)
+        } else {
+            Err(Status::OutOfBounds)
+        }
+    }
+
+    /// Removes a registration that no request references.
+    ///
+    /// # Errors
+    /// [`Status::InvalidMemHandle`] for an unknown or stale handle;
+    /// [`Status::Busy`] while requests still reference it (nothing changes).
+    pub fn remove(&mut self, raw: u32) -> Result<Registration, Status> {
+        let r = self.get(raw).ok_or(Status::InvalidMemHandle)?;
+        if r.inflight != 0 {
+            return Err(Status::Busy);
+        }
+        let s = &mut self.slots[MemHandle::slot(raw)];
+        s.generation = s.generation.checked_add(1).unwrap_or(1);
+        s.registration.take().ok_or(Status::InvalidMemHandle)
+    }
+}
+
+/// Whether `[addr, addr + len)` lies inside `[base, base + size)`, with no
+/// overflow anywhere.
+pub(crate) fn within(base: u64, size: u64, addr: u64, len: u64) -> bool {
+    let Some(end) = addr.checked_add(len) else {
+        return false;
+    };
+    let Some(limit) = base.checked_add(size) else {
+        return false;
+    };
+    addr >= base && end <= limit
+}
+
+/// A remote key after unpacking.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rkey {
+    /// The endpoint it was unpacked for.
+    pub endpoint: u32,
+    pub driver: DriverRkey,
+    pub base: u64,
+    pub len: u64,
+}
+
+/// Unpacked remote keys.
+#[derive(Debug, Default)]
+pub(crate) struct RkeyTable {
+    keys: Vec<Rkey>,
+}
+
+impl RkeyTable {
+    pub fn insert(&mut self, key: Rkey) -> Result<RkeyId, Status> {
+        if self.keys.len() >= u32::MAX as usize - 1 {
+            return Err(Status::NoResource);
+        }
+        self.keys.push(key);
+        Ok(RkeyId(self.keys.len() as u32))
+    }
+
+    /// The key for a raw id, if it was unpacked for `endpoint`.
+    pub fn get(&self, raw: u32, endpoint: u32) -> Option<&Rkey> {
+        let key = self.keys.get((raw as usize).checked_sub(1)?)?;
+        (key.endpoint == endpoint).then_some(key)
+    }
+}
+
+/// The wire form of a remote key: `"RFRK"`, version, the driver's name, the
+/// region's bounds, then the driver's own blob.
+pub(crate) mod blob {
+    use ringfence_ring::Status;
+
+    const MAGIC: &[u8; 4] = b"RFRK";
+    const VERSION: u8 = 1;
+    const FIXED: usize = 4 + 1 + 1 + 8 + 8 + 4;
+
+    /// A decoded blob; borrows the input.
+    #[derive(Debug, PartialEq, Eq)]
+    pub(crate) struct Decoded<'a> {
+        pub driver: &'a str,
+        pub base: u64,
+        pub len: u64,
+        pub driver_blob: &'a [u8],
+    }
+
+    pub(crate) fn encode(driver: &str, base: u64, len: u64, driver_blob: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(FIXED + driver.len() + driver_blob.len());
+        out.extend_from_slice(MAGIC);
+        out.push(VERSION);
+        out.push(driver.len() as u8);
+        out.extend_from_slice(&base.to_le_bytes());
+        out.extend_from_slice(&len.to_le_bytes());
+        out.extend_from_slice(&(driver_blob.len() as u32).to_le_bytes());
+        out.extend_from_slice(driver.as_bytes());
+        out.extend_from_slice(driver_blob);
+        out
+    }
+
+    /// Decodes a blob from a peer.
+    ///
+    /// # Errors
+    /// [`Status::InvalidArgument`] for anything malformed.
+    pub(crate) fn decode(input: &[u8]) -> Result<Decoded<'_>, Status> {
+        let bad = Status::InvalidArgument;
+        if input.len() < FIXED || &input[..4] != MAGIC || input[4] != VERSION {
+            return Err(bad);
+        }
+        let name_len = input[5] as usize;
+        let u64_at = |at: usize| u64::from_le_bytes(input[at..at + 8].try_into().expect("8 bytes"));
+        let base = u64_at(6);
+        let len = u64_at(14);
+        let blob_len = u32::from_le_bytes(input[22..26].try_into().expect("4 bytes")) as usize;
+        if input.len() != FIXED + name_len + blob_len || base.checked_add(len).is_none() {
+            return Err(bad);
+        }
+        let driver = std::str::from_utf8(&input[FIXED..FIXED + name_len]).map_err(|_| bad)?;
+        Ok(Decoded {
+            driver,
+            base,
+            len,
+            driver_blob: &input[FIXED + name_len..],
+        })
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn round_trip_and_every_truncation_is_refused() {
+            let blob = encode("loopback", 0x1000, 64, &[1, 2, 3]);
+            let d = decode(&blob).unwrap();
+            assert_eq!(
+                d,
+                Decoded {
+                    driver: "loopback",
+                    base: 0x1000,
+                    len: 64,
+                    driver_blob: &[1, 2, 3]
+                }
+            );
+            for cut in 0..blob.len() {
+                assert_eq!(
+                    decode(&blob[..cut]),
+                    Err(Status::InvalidArgument),
+                    "cut at {cut}"
+                );
+            }
+            let mut long = blob.clone();
+            long.push(0);
+            assert!(decode(&long).is_err());
+            let mut wrap = encode("x", u64::MAX, 2, &[]);
+            assert!(decode(&wrap).is_err(), "bounds that overflow");
+            wrap[0] = b'X';
+            assert!(decode(&wrap).is_err());
+            assert!(decode(&[0xff; 40]).is_err());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reg(base: u64, len: u64) -> Registration {
+        Registration {
+            base,
+            len,
+            keys: vec![],
+            inflight: 0,
+            _owned: None,
+        }
+    }
+
+    #[test]
+    fn handles_are_generation_checked() {
+        let mut r = MemRegistry::default();
+        let a = r.insert(reg(0x1000, 100)).unwrap();
+        assert_ne!(a.as_raw(), 0);
+        assert!(r.check(a.as_raw(), 0x1000, 100).is_ok());
+        assert_eq!(
+            r.check(a.as_raw(), 0x1000, 101).unwrap_err(),
+            Status::OutOfBounds
+        );
+        assert_eq!(
+            r.check(a.as_raw(), 0xfff, 1).unwrap_err(),
+            Status::OutOfBounds
+        );
+        assert_eq!(
+            r.check(a.as_raw(), u64::MAX, 2).unwrap_err(),
+            Status::OutOfBounds
+        );
+        assert_eq!(r.check(0, 0, 0).unwrap_err(), Status::InvalidMemHandle);
+        r.get_mut(a.as_raw()).unwrap().inflight = 1;
+        assert_eq!(r.remove(a.as_raw()).unwrap_err(), Status::Busy);
+        r.get_mut(a.as_raw()).unwrap().inflight = 0;
+        r.remove(a.as_raw()).unwrap();
+        assert_eq!(
+            r.check(a.as_raw(), 0x1000, 1).unwrap_err(),
+            Status::InvalidMemHandle
+        );
+        let b = r.insert(reg(0x2000, 8)).unwrap();
+        assert_ne!(a, b, "the slot is reused with a new generation");
+        assert!(r.get(a.as_raw()).is_none());
+        assert!(r.get(b.as_raw()).is_some());
+    }
+
+    #[test]
+    fn within_never_overflows() {
+        assert!(within(10, 10, 10, 10));
+        assert!(within(10, 10, 15, 0));
+        assert!(!within(10, 10, 15, 6));
+        assert!(!within(u64::MAX - 1, 10, u64::MAX - 1, 1));
+        assert!(!within(0, u64::MAX, u64::MAX, 1));
+    }
+
+    #[test]
+    fn rkeys_are_bound_to_their_endpoint() {
+        let mut t = RkeyTable::default();
+        let id = t
+            .insert(Rkey {
+                endpoint: 3,
+                driver: DriverRkey(0),
+                base: 0,
+                len: 8,
+            })
+            .unwrap();
+        assert!(t.get(id.as_raw(), 3).is_some());
+        assert!(t.get(id.as_raw(), 4).is_none());
+        assert!(t.get(0, 3).is_none());
+        assert!(t.get(99, 3).is_none());
+    }
+}

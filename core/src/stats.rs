@@ -1,0 +1,24 @@
+//! Counters, readable through the API. Plain integers updated by the
+//! progress loop under the engine lock; read as a copy.
+
+/// Counters of a worker or of one endpoint.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Operations completed (any status), fences and flushes included.
+    pub ops: u64,
+    /// Bytes moved by successful PUT, GET, ATOMIC and NOTIFY.
+    pub bytes: u64,
+    /// FENCE operations submitted.
+    pub fences: u64,
+    /// Driver flushes started (by fences, FLUSH and NOTIFY).
+    pub flushes: u64,
+    /// Requests that waited in an endpoint queue instead of starting at once.
+    pub deferrals: u64,
+    /// Operations completed with an error.
+    pub errors: u64,
+    /// Completions that went to the overflow list because the CQ was full.
+    pub cq_overflows: u64,
+    /// Notifications received (worker only).
+    pub notifications: u64,
+}

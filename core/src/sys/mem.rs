@@ -1,0 +1,204 @@
+//! Copies and atomics on registered memory, and owned aligned allocations.
+//!
+//! Registered memory is shared with peers that write it without the owner's
+//! involvement (that is what one-sided communication is), so nothing here
+//! creates Rust references into it: copies go through raw pointers and
+//! atomics through `AtomicU64::from_ptr`.
+
+use ringfence_ring::AtomicOp;
+use std::alloc::{Layout, alloc_zeroed, dealloc};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Copies `len` bytes from `src` to `dst`.
+///
+/// # Safety
+/// - `[src, src + len)` is readable and `[dst, dst + len)` writable memory
+///   of live registrations (the caller checked both against the registry
+///   and holds whatever keeps them registered).
+/// - Overlap is allowed (a put into the same buffer it reads from).
+pub(crate) unsafe fn copy(src: u64, dst: u64, len: usize) {
+    // SAFETY: both ranges are valid (contract); `copy` allows overlap.
+    unsafe { std::ptr::copy(src as usize as *const u8, dst as usize as *mut u8, len) }
+}
+
+/// Performs `op` on the 8-byte word at `addr` and returns the old value.
+///
+/// SeqCst: atomics from several initiators and the target's own CPU meet on
+/// this word; the strongest order keeps their interleaving simple to state.
+///
+/// # Safety
+/// - `addr` is 8-byte aligned and `[addr, addr + 8)` is writable memory of a
+///   live registration.
+/// - Every other access to that word while the atomic runs is atomic too
+///   (the registration's owner promised that when registering it).
+pub(crate) unsafe fn atomic(addr: u64, op: AtomicOp, operand: u64, operand2: u64) -> u64 {
+    // SAFETY: aligned and valid for the lifetime of this call (contract).
+    let word = unsafe { AtomicU64::from_ptr(addr as usize as *mut u64) };
+    match op {
+        AtomicOp::ADD | AtomicOp::FADD => word.fetch_add(operand, Ordering::SeqCst),
+        AtomicOp::SWAP => word.swap(operand, Ordering::SeqCst),
+        // CSWAP and anything the decoder let through: compare-and-swap.
+        _ => match word.compare_exchange(operand, operand2, Ordering::SeqCst, Ordering::SeqCst) {
+            Ok(old) | Err(old) => old,
+        },
+    }
+}
+
+/// Writes `value` to the 8-byte word at `addr`.
+///
+/// # Safety
+/// - As [`atomic`]'s first point, for the local result buffer of a fetching
+///   atomic (8-byte alignment was checked at validation).
+pub(crate) unsafe fn store_u64(addr: u64, value: u64) {
+    // SAFETY: aligned and writable (contract); written atomically so a
+    // concurrent reader of its own buffer never sees a torn value.
+    unsafe { AtomicU64::from_ptr(addr as usize as *mut u64) }.store(value, Ordering::Release);
+}
+
+/// A zeroed, 64-byte-aligned heap allocation whose address can be handed
+/// out for registration.
+#[derive(Debug)]
+pub(crate) struct OwnedMem {
+    ptr: NonNull<u8>,
+    layout: Layout,
+}
+
+// SAFETY: `OwnedMem` owns its allocation and exposes only its address;
+// every access to the bytes goes through this module's raw-pointer
+// functions, whose callers synchronize through the registry.
+unsafe impl Send for OwnedMem {}
+// SAFETY: as above; `&OwnedMem` gives out only the address.
+unsafe impl Sync for OwnedMem {}
+
+impl OwnedMem {
+    /// Allocates `len` zeroed bytes (at least one), 64-byte aligned.
+    ///
+    /// # Errors
+    /// `None` if `len` is too large to lay out or the allocation fails.
+    pub(crate) fn new(len: usize) -> Option<OwnedMem> {
+        let layout = Layout::from_size_align(len.max(1), 64).ok()?;
+        // SAFETY: the layout has a non-zero size.
+        let ptr = NonNull::new(unsafe { alloc_zeroed(layout) })?;
+        Some(OwnedMem { ptr, layout })
+    }
+
+    /// The start address.
+    pub(crate) fn addr(&self) -> u64 {
+        self.ptr.as_ptr() as usize as u64
+    }
+
+    /// The length in bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.layout.size()
+    }
+
+    /// Copies `out.len()` bytes starting at `offset` out.
+    ///
+    /// # Panics
+    /// If the range is outside the allocation (a programmer error).
+    pub(crate) fn read(&self, offset: usize, out: &mut [u8]) {
+        let end = offset.checked_add(out.len()).expect("range overflows");
+        assert!(end <= self.len(), "read past the end of the allocation");
+        // SAFETY: in bounds (asserted); raw copy, see the module docs.
+        unsafe {
+            copy(
+                self.addr() + offset as u64,
+                out.as_mut_ptr() as usize as u64,
+                out.len(),
+            )
+        }
+    }
+
+    /// Copies `data` in at `offset`.
+    ///
+    /// # Panics
+    /// If the range is outside the allocation (a programmer error).
+    pub(crate) fn write(&self, offset: usize, data: &[u8]) {
+        let end = offset.checked_add(data.len()).expect("range overflows");
+        assert!(end <= self.len(), "write past the end of the allocation");
+        // SAFETY: in bounds (asserted); raw copy, see the module docs.
+        unsafe {
+            copy(
+                data.as_ptr() as usize as u64,
+                self.addr() + offset as u64,
+                data.len(),
+            )
+        }
+    }
+
+    /// The word at `offset`, read atomically.
+    ///
+    /// # Panics
+    /// If `offset` is not 8-byte aligned or the word is out of bounds.
+    pub(crate) fn load_u64(&self, offset: usize) -> u64 {
+        assert!(
+            offset % 8 == 0 && offset + 8 <= self.len(),
+            "unaligned or out of bounds"
+        );
+        // SAFETY: aligned (the base is 64-aligned, the offset 8-aligned) and
+        // in bounds (asserted).
+        unsafe { AtomicU64::from_ptr((self.addr() + offset as u64) as usize as *mut u64) }
+            .load(Ordering::Acquire)
+    }
+
+    /// A borrowed view of `len` bytes at `offset`.
+    ///
+    /// # Safety
+    /// - Nobody writes the range while the slice lives (the caller owns it
+    ///   through a protocol such as the notify buffer states).
+    ///
+    /// # Panics
+    /// If the range is out of bounds.
+    pub(crate) unsafe fn slice(&self, offset: usize, len: usize) -> &[u8] {
+        assert!(offset.checked_add(len).is_some_and(|end| end <= self.len()));
+        // SAFETY: in bounds (asserted), initialized (zeroed at allocation),
+        // and not written while borrowed (contract).
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(offset), len) }
+    }
+}
+
+impl Drop for OwnedMem {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with exactly this layout.
+        unsafe { dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owned_memory_reads_writes_and_atomics() {
+        let mem = OwnedMem::new(64).unwrap();
+        assert_eq!(mem.addr() % 64, 0);
+        mem.write(8, &5u64.to_ne_bytes());
+        assert_eq!(mem.load_u64(8), 5);
+        // SAFETY: word 8 is aligned and inside `mem`.
+        unsafe {
+            assert_eq!(atomic(mem.addr() + 8, AtomicOp::FADD, 3, 0), 5);
+            assert_eq!(atomic(mem.addr() + 8, AtomicOp::SWAP, 100, 0), 8);
+            assert_eq!(
+                atomic(mem.addr() + 8, AtomicOp::CSWAP, 1, 2),
+                100,
+                "compare fails"
+            );
+            assert_eq!(
+                atomic(mem.addr() + 8, AtomicOp::CSWAP, 100, 2),
+                100,
+                "compare succeeds"
+            );
+            store_u64(mem.addr() + 16, 9);
+            copy(mem.addr() + 8, mem.addr() + 24, 8);
+        }
+        assert_eq!(mem.load_u64(8), 2);
+        assert_eq!(mem.load_u64(16), 9);
+        let mut out = [0u8; 8];
+        mem.read(24, &mut out);
+        assert_eq!(u64::from_ne_bytes(out), 2);
+        // SAFETY: nothing writes `mem` while the slice lives.
+        assert_eq!(unsafe { mem.slice(16, 8) }, &9u64.to_ne_bytes());
+        assert!(OwnedMem::new(usize::MAX).is_none());
+    }
+}

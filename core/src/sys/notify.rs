@@ -1,0 +1,264 @@
+//! Notification buffers: where incoming NOTIFY payloads land on the target.
+//!
+//! The target provides `count` buffers of `size` bytes when it builds its
+//! worker. A driver that receives a notification claims a free buffer,
+//! copies the payload into it once, and queues a delivery; the target's
+//! progress loop turns each delivery into a CQE (flag `NOTIFICATION`, buffer
+//! id in the upper 16 bits of `flags`, `res` = length, `user_data` = the
+//! sender's tag). The application reads the payload through
+//! [`QueuePair::notification`](crate::QueuePair::notification), which gives
+//! the buffer back when dropped.
+//!
+//! Buffer states (one atomic byte each): `FREE` → (driver) `FILLING` →
+//! `FULL` → (application) `READING` → `FREE`. Only the owner of a state moves
+//! it on, so a buffer is never written while read.
+
+use super::mem::{self, OwnedMem};
+use ringfence_ring::Doorbell;
+use ringfence_ring::Status;
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering, fence};
+use std::sync::{Arc, Mutex, OnceLock};
+
+const FREE: u8 = 0;
+const FILLING: u8 = 1;
+const FULL: u8 = 2;
+const READING: u8 = 3;
+
+/// The most notification buffers a worker can have (buffer ids are 16 bits).
+pub const MAX_NOTIFY_BUFFERS: u32 = 1 << 16;
+
+/// A notification that has landed in a buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Delivery {
+    /// The buffer holding the payload.
+    pub buffer: u16,
+    /// Payload length.
+    pub len: u32,
+    /// The sender's tag.
+    pub tag: u64,
+}
+
+/// A worker's notification buffers.
+pub struct NotifyPool {
+    mem: Option<OwnedMem>,
+    size: u32,
+    states: Box<[AtomicU8]>,
+    /// Landed, not yet posted as CQEs; capacity `count`, never more.
+    delivered: Mutex<VecDeque<Delivery>>,
+    /// Set while the target's core thread sleeps: a delivery must ring
+    /// `waker` (the store-buffering pattern of the rings' NEED_WAKEUP).
+    sleeping: AtomicBool,
+    waker: OnceLock<Arc<Doorbell>>,
+}
+
+impl fmt::Debug for NotifyPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NotifyPool")
+            .field("count", &self.states.len())
+            .field("size", &self.size)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NotifyPool {
+    /// `count` buffers of `size` bytes (both may be zero: no notifications).
+    ///
+    /// # Errors
+    /// [`Status::InvalidArgument`] for more than [`MAX_NOTIFY_BUFFERS`];
+    /// [`Status::NoMemory`] if the buffers cannot be allocated.
+    pub fn new(count: u32, size: u32) -> Result<NotifyPool, Status> {
+        if count > MAX_NOTIFY_BUFFERS {
+            return Err(Status::InvalidArgument);
+        }
+        let bytes = (count as usize)
+            .checked_mul(size as usize)
+            .ok_or(Status::NoMemory)?;
+        let mem = if bytes == 0 {
+            None
+        } else {
+            Some(OwnedMem::new(bytes).ok_or(Status::NoMemory)?)
+        };
+        Ok(NotifyPool {
+            mem,
+            size,
+            states: (0..count).map(|_| AtomicU8::new(FREE)).collect(),
+            delivered: Mutex::new(VecDeque::with_capacity(count as usize)),
+            sleeping: AtomicBool::new(false),
+            waker: OnceLock::new(),
+        })
+    }
+
+    /// Number of buffers.
+    pub fn count(&self) -> u32 {
+        self.states.len() as u32
+    }
+
+    /// Bytes per buffer.
+    pub fn buffer_size(&self) -> u32 {
+        self.size
+    }
+
+    /// Copies a payload from `src` into a free buffer and queues its
+    /// delivery.
+    ///
+    /// # Errors
+    /// [`Status::Truncated`] if `len` exceeds the buffer size (or there are
+    /// no buffers at all: every payload is too large then);
+    /// [`Status::NoResource`] if every buffer is in use (retry later).
+    ///
+    /// # Safety
+    /// - `[src, src + len)` is readable memory of a live registration.
+    pub unsafe fn deliver(&self, src: u64, len: u32, tag: u64) -> Result<(), Status> {
+        let Some(mem) = self.mem.as_ref().filter(|_| len <= self.size) else {
+            return Err(Status::Truncated);
+        };
+        let Some(buffer) = self.states.iter().position(|s| {
+            // Acquire: the application's reads of this buffer are done
+            // before we fill it; pairs with the Release in `release`.
+            s.compare_exchange(FREE, FILLING, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+        }) else {
+            return Err(Status::NoResource);
+        };
+        let dst = mem.addr() + buffer as u64 * u64::from(self.size);
+        // SAFETY: the source is valid (contract); the destination is buffer
+        // `buffer`, inside `mem` (`buffer < count`, `len <= size`), and ours
+        // alone in state FILLING.
+        unsafe { mem::copy(src, dst, len as usize) };
+        // Release: publishes the payload; pairs with the Acquire in `read`.
+        self.states[buffer].store(FULL, Ordering::Release);
+        let delivery = Delivery {
+            buffer: buffer as u16,
+            len,
+            tag,
+        };
+        self.delivered
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push_back(delivery);
+        // SeqCst fence: the delivery above before the `sleeping` load; pairs
+        // with the fence in `begin_sleep`.
+        fence(Ordering::SeqCst);
+        if self.sleeping.load(Ordering::Relaxed) {
+            if let Some(waker) = self.waker.get() {
+                let _ = waker.ring();
+            }
+        }
+        Ok(())
+    }
+
+    /// The doorbell a delivery rings while the target sleeps (set once).
+    pub(crate) fn set_waker(&self, waker: Arc<Doorbell>) {
+        let _ = self.waker.set(waker);
+    }
+
+    /// The target is about to sleep: returns `false` (and stays awake) if a
+    /// delivery is already waiting.
+    pub(crate) fn begin_sleep(&self) -> bool {
+        self.sleeping.store(true, Ordering::Relaxed);
+        // SeqCst fence: `sleeping` before the queue check; pairs with the
+        // fence in `deliver`.
+        fence(Ordering::SeqCst);
+        let empty = self
+            .delivered
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty();
+        if !empty {
+            self.end_sleep();
+        }
+        empty
+    }
+
+    /// The target is awake again.
+    pub(crate) fn end_sleep(&self) {
+        self.sleeping.store(false, Ordering::Relaxed);
+    }
+
+    /// Hands queued deliveries to `sink` until it returns `false` (out of CQ
+    /// room); the rest stay queued in order.
+    pub(crate) fn drain(&self, mut sink: impl FnMut(Delivery) -> bool) {
+        let mut queue = self.delivered.lock().unwrap_or_else(|e| e.into_inner());
+        while let Some(&d) = queue.front() {
+            if !sink(d) {
+                break;
+            }
+            queue.pop_front();
+        }
+    }
+
+    /// Takes buffer `buffer` for reading: `Some` once per delivery.
+    pub(crate) fn read(&self, buffer: u16, len: u32) -> Option<&[u8]> {
+        let state = self.states.get(buffer as usize)?;
+        // Acquire: the payload written before FULL is visible.
+        state
+            .compare_exchange(FULL, READING, Ordering::Acquire, Ordering::Relaxed)
+            .ok()?;
+        let mem = self.mem.as_ref()?;
+        let len = len.min(self.size) as usize;
+        // SAFETY: buffer `buffer` is ours in state READING; no driver writes
+        // a buffer that is not FREE, so it stays unchanged until `release`.
+        Some(unsafe { mem.slice(buffer as usize * self.size as usize, len) })
+    }
+
+    /// Gives buffer `buffer` back after `read`.
+    pub(crate) fn release(&self, buffer: u16) {
+        if let Some(state) = self.states.get(buffer as usize) {
+            // Release: our reads are done before a driver refills it.
+            let _ = state.compare_exchange(READING, FREE, Ordering::Release, Ordering::Relaxed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deliver_read_release_cycle() {
+        let pool = NotifyPool::new(2, 8).unwrap();
+        let payload = *b"hello!!!";
+        let src = payload.as_ptr() as usize as u64;
+        // SAFETY: `payload` is readable for 8 bytes; the 9-byte delivery is
+        // refused before anything is read.
+        unsafe {
+            pool.deliver(src, 5, 7).unwrap();
+            pool.deliver(src, 8, 8).unwrap();
+            assert_eq!(pool.deliver(src, 1, 9), Err(Status::NoResource));
+            assert_eq!(pool.deliver(src, 9, 9), Err(Status::Truncated));
+        }
+        let mut got = Vec::new();
+        pool.drain(|d| {
+            got.push(d);
+            true
+        });
+        assert_eq!(
+            got,
+            vec![
+                Delivery {
+                    buffer: 0,
+                    len: 5,
+                    tag: 7
+                },
+                Delivery {
+                    buffer: 1,
+                    len: 8,
+                    tag: 8
+                }
+            ]
+        );
+        assert_eq!(pool.read(0, 5), Some(&b"hello"[..]));
+        assert_eq!(pool.read(0, 5), None, "a buffer is read once per delivery");
+        pool.release(0);
+        // SAFETY: as above.
+        unsafe { pool.deliver(src, 2, 10).unwrap() };
+        assert_eq!(pool.read(0, 2), Some(&b"he"[..]));
+        assert_eq!(pool.read(9, 2), None);
+        let empty = NotifyPool::new(0, 0).unwrap();
+        // SAFETY: nothing is read: there are no buffers.
+        assert_eq!(unsafe { empty.deliver(src, 1, 0) }, Err(Status::Truncated));
+        assert!(NotifyPool::new(MAX_NOTIFY_BUFFERS + 1, 1).is_err());
+    }
+}
