@@ -329,8 +329,12 @@ impl Engine {
         }
         match self.validate(sqe) {
             Err(status) => self.complete(id, Err(status)),
-            Ok(None) => self.complete(id, Ok(0)),
-            Ok(Some(request)) => {
+            Ok(request) if request.opcode() == Opcode::NOP => {
+                // Complete at once, honouring SKIP_SUCCESS.
+                *self.request_mut(id) = request;
+                self.complete(id, Ok(0));
+            }
+            Ok(request) => {
                 *self.request_mut(id) = request;
                 if request.holds_mem() {
                     if let Some(r) = self.mem.get_mut(request.local_mem) {
@@ -342,15 +346,15 @@ impl Engine {
         }
     }
 
-    /// Checks every field of an SQE. `Ok(None)`: a NOP, complete at once.
-    fn validate(&self, sqe: &Sqe) -> Result<Option<Request>, Status> {
+    /// Checks every field of an SQE and copies what the engine needs.
+    fn validate(&self, sqe: &Sqe) -> Result<Request, Status> {
         let opcode = sqe.opcode().map_err(|e| e.status())?;
         let flags = sqe.flags().map_err(|e| e.status())?;
         if !sqe.reserved_are_zero() {
             return Err(Status::InvalidFlags);
         }
         if opcode == Opcode::NOP {
-            return Ok(None);
+            return Ok(Request::from_sqe(sqe, opcode, 0, flags));
         }
         let ep_index = sqe.endpoint as usize;
         let ep = self
@@ -423,7 +427,7 @@ impl Engine {
             }
             _ => return Err(Status::InvalidOpcode),
         }
-        Ok(Some(request))
+        Ok(request)
     }
 
     fn check_remote(&self, sqe: &Sqe, len: u64) -> Result<(), Status> {
@@ -889,8 +893,10 @@ impl Engine {
     /// After shutdown: completes whatever is in queue pair `qi`'s SQ with
     /// CANCELED and publishes.
     pub(crate) fn cancel_intake(&mut self, qi: usize) {
-        while self.intake(qi) > 0 {}
-        self.queues[qi].flush_overflow();
+        // Intake stops while CQEs wait in the overflow list; keep moving
+        // them into the CQ until neither side moves (the CQ is full, or
+        // everything is done). The application's next reap calls again.
+        while self.queues[qi].flush_overflow() + self.intake(qi) > 0 {}
         self.queues[qi].publish();
     }
 }

@@ -759,7 +759,7 @@ impl QueuePair {
         let cqe = self.cq.pop()?;
         if cqe.is_none() && self.cq.is_overflowed() && self.shared.shut_down.load(Ordering::Acquire)
         {
-            // No progress loop runs any more: move the overflow here.
+            // No progress loop runs any more: finish the work here.
             self.shared.engine().cancel_intake(self.index);
             return self.cq.pop();
         }
@@ -772,7 +772,7 @@ impl QueuePair {
     /// The CQ's shared indices are corrupt.
     pub fn reap(&mut self, out: &mut [Cqe]) -> Result<usize, Corrupt> {
         let n = self.cq.pop_batch(out)?;
-        if n == 0 && self.cq.is_overflowed() && self.shared.shut_down.load(Ordering::Acquire) {
+        if n == 0 && self.shared.shut_down.load(Ordering::Acquire) {
             self.shared.engine().cancel_intake(self.index);
             return self.cq.pop_batch(out);
         }
