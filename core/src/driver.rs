@@ -161,6 +161,10 @@ pub struct Op {
     pub operand: u64,
     /// Second atomic operand (CSWAP's swap value).
     pub operand2: u64,
+    /// A transport fence: this operation must take effect after everything
+    /// posted earlier on its lane (a weak fence, FENCE.md R8; the fence
+    /// indicator of an RC work request).
+    pub fence: bool,
 }
 
 /// What the engine gives a driver when the worker is built.
@@ -169,6 +173,31 @@ pub struct DriverContext {
     /// Where incoming notifications go: the driver copies each payload into a
     /// buffer it claims from this pool.
     pub notify: Arc<NotifyPool>,
+}
+
+/// Memory a driver allocated for [`Worker::alloc_registered`](crate::Worker::alloc_registered)
+/// (see [`Driver::alloc_memory`]): for example a sealed memfd mapping that
+/// peers can map too. The worker keeps it alive while the registration or
+/// any [`RegisteredBuf`](crate::RegisteredBuf) handle to it lives, and reads
+/// and writes it only through raw copies and atomics.
+///
+/// # Safety
+/// Implementors guarantee, for as long as the object lives:
+/// - `[addr(), addr() + len())` is mapped, readable and writable memory of
+///   this process, and neither value ever changes;
+/// - `addr()` is 64-byte aligned and `len()` is at least the length asked
+///   for in `alloc_memory`;
+/// - the bytes were zero when the object was handed out.
+#[allow(unsafe_code)]
+pub unsafe trait DriverMemory: Send + Sync + fmt::Debug {
+    /// The start address.
+    fn addr(&self) -> u64;
+    /// The length in bytes.
+    fn len(&self) -> usize;
+    /// Whether the length is zero (never, for memory handed to a worker).
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// A driver failure outside the data path (connect, register, keys).
@@ -262,4 +291,35 @@ pub trait Driver: Send + fmt::Debug + 'static {
     /// Fills `out` with finished operations and flushes; returns how many.
     /// Never blocks.
     fn poll(&mut self, out: &mut [Completion]) -> usize;
+
+    /// Allocates `len` bytes of memory that this driver can register
+    /// without copying (for example a sealed memfd that a peer maps), for
+    /// [`Worker::alloc_registered`](crate::Worker::alloc_registered). The
+    /// worker asks its drivers in order and uses the first `Some`; `None`
+    /// (the default) means "no preference": the worker allocates from the
+    /// heap. Control path: may allocate and make system calls.
+    ///
+    /// # Errors
+    /// `Some(Err(..))` when this driver wants to provide the memory but
+    /// cannot (out of memory, a failed system call); the worker reports it.
+    fn alloc_memory(&mut self, len: usize) -> Option<Result<Arc<dyn DriverMemory>, DriverError>> {
+        let _ = len;
+        None
+    }
+
+    /// Whether `lane` of `ep` orders operations once fenced (an [`Op::fence`]
+    /// flag suffices), so a weak fence may use it (FENCE.md R8, R9).
+    fn lane_ordered(&self, ep: DriverEp, lane: u8) -> bool {
+        let _ = (ep, lane);
+        self.capabilities().ordered_lanes
+    }
+
+    /// The generation of `lane` of `ep`: bumped whenever the transport
+    /// channel behind it is replaced (FENCE.md R38). Operations in flight on
+    /// an old generation complete through `poll` (with an error if they
+    /// were lost).
+    fn lane_generation(&self, ep: DriverEp, lane: u8) -> u32 {
+        let _ = (ep, lane);
+        0
+    }
 }

@@ -23,8 +23,13 @@ impl EndpointId {
 #[repr(u8)]
 pub(crate) enum EpState {
     Connected,
+    /// A graceful CLOSE is queued: new submissions fail (R43); what came
+    /// before drains, then the final flush runs (R41).
+    Closing,
     /// Failed with a sticky first error; every request completes with it.
     Failed,
+    /// Closed: every submission fails with `EndpointClosed`.
+    Closed,
 }
 
 /// The hot part of an endpoint: what every operation touches. One cache
@@ -40,15 +45,20 @@ pub(crate) enum EpState {
 pub(crate) struct Endpoint {
     /// Lanes written since the last fence flush started (D).
     pub dirty: LaneMask,
-    /// Lanes the in-flight fence flush covers (F); 0 when none.
+    /// Lanes the in-flight fence flush covers (F); 0 when none, so a fence
+    /// flush is in flight exactly when this is non-zero.
     pub flushing: LaneMask,
     /// W.
     pub submit_epoch: u64,
     /// C.
     pub admitted_epoch: u64,
-    /// The exact epoch C moves to when the in-flight fence flush completes
-    /// (R15c); 0 when no fence flush is in flight (R16: at most one).
-    pub fence_target: u64,
+    /// Lanes the in-flight fence flush covers... see `flushing`; this is
+    /// the exact epoch C moves to when it completes (R15c), as its low 32
+    /// bits (valid while `flushing != 0`; R16: at most one in flight).
+    pub fence_target: u32,
+    /// The epoch admitted by a weak fence for `weak_lane` only (low 32
+    /// bits; valid while `weak_lane != NO_LANE`).
+    pub weak_epoch: u32,
     /// The FIFO of requests waiting to start (R18): first and last
     /// `RequestId`, linked through `Request::next`; [`NONE`] when empty.
     pub head: u32,
@@ -69,7 +79,19 @@ pub(crate) struct Endpoint {
     pub state: EpState,
     /// In the engine's dispatch list.
     pub scheduled: bool,
+    /// A strong FENCE was submitted since the last request: the next one is
+    /// marked (`Request::strong_boundary`).
+    pub strong_armed: bool,
+    /// The one lane a weak fence admitted `weak_epoch` on (R8), with
+    /// [`WEAK_FLAG_OWED`] set until the first operation after the fence
+    /// carried the transport fence flag; [`NO_LANE`] when none.
+    pub weak_lane: u8,
 }
+
+/// No weak admission.
+pub(crate) const NO_LANE: u8 = 0xff;
+/// In `weak_lane`: the transport fence flag is still owed.
+pub(crate) const WEAK_FLAG_OWED: u8 = 0x80;
 
 // One cache line: every operation on an endpoint touches only this line.
 const_assert!(core::mem::size_of::<Endpoint>() <= 64);
@@ -82,6 +104,7 @@ impl Endpoint {
             submit_epoch: 1,
             admitted_epoch: 1,
             fence_target: 0,
+            weak_epoch: 0,
             head: NONE,
             tail: NONE,
             inflight: 0,
@@ -92,7 +115,20 @@ impl Endpoint {
             next_bw: 0,
             state: EpState::Connected,
             scheduled: false,
+            strong_armed: false,
+            weak_lane: NO_LANE,
         }
+    }
+
+    /// A full epoch from the low 32 bits of one captured from W (fewer than
+    /// 2^31 epochs are ever outstanding).
+    pub(crate) fn full_epoch(&self, low: u32) -> u64 {
+        self.submit_epoch - u64::from((self.submit_epoch as u32).wrapping_sub(low))
+    }
+
+    /// The lane a weak fence admitted its epoch on, if any.
+    pub(crate) fn weak(&self) -> Option<(u8, u32)> {
+        (self.weak_lane != NO_LANE).then_some((self.weak_lane & !WEAK_FLAG_OWED, self.weak_epoch))
     }
 
     /// The sticky first error.
@@ -114,19 +150,52 @@ impl Endpoint {
     /// A lane for a PUT or GET of `len` bytes: lane 0 below `threshold`,
     /// else the bandwidth lanes 1.. in turn.
     pub(crate) fn data_lane(&mut self, len: u32, threshold: u32) -> u8 {
-        if self.lanes == 1 || len < threshold {
-            return 0;
+        let lane = self.peek_data_lane(len, threshold);
+        if lane != 0 {
+            self.next_bw = self.next_bw.wrapping_add(1);
         }
-        let lane = 1 + self.next_bw % (self.lanes - 1);
-        self.next_bw = self.next_bw.wrapping_add(1);
         lane
+    }
+
+    /// The lane `data_lane` will return next, without taking it.
+    pub(crate) fn peek_data_lane(&self, len: u32, threshold: u32) -> u8 {
+        if self.lanes == 1 || len < threshold {
+            0
+        } else {
+            1 + self.next_bw % (self.lanes - 1)
+        }
+    }
+
+    /// Every lane of the endpoint.
+    pub(crate) fn all_lanes(&self) -> LaneMask {
+        if self.lanes >= 64 {
+            u64::MAX
+        } else {
+            (1u64 << self.lanes) - 1
+        }
     }
 }
 
-/// The cold part of an endpoint.
+/// The cold part of an endpoint: touched on fence boundaries, not per
+/// operation.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct EndpointCold {
     pub stats: Stats,
+    /// Per lane: the generation it had when it became dirty (R38).
+    pub dirty_generation: Vec<u32>,
+    /// Per lane: the generation it had when the in-flight fence flush
+    /// started (R39).
+    pub flush_generation: Vec<u32>,
+}
+
+impl EndpointCold {
+    pub(crate) fn new(lanes: u8) -> EndpointCold {
+        EndpointCold {
+            stats: Stats::default(),
+            dirty_generation: vec![0; lanes as usize],
+            flush_generation: vec![0; lanes as usize],
+        }
+    }
 }
 
 #[cfg(test)]

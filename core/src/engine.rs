@@ -13,13 +13,32 @@
 //! only records its effect and schedules the endpoint, and dispatch runs
 //! from the round, never from inside a completion (R25, R49, W1).
 //!
-//! The fence implemented here is the strong one for both FENCE modes: a
-//! correct but simple engine (weak fences become strong; lane generations
-//! are not tracked yet), which the fence-engine issue refines.
+//! # The fence engine (FENCE.md)
+//!
+//! Per endpoint: W (`submit_epoch`) counts fences; every request captures W
+//! at submission (R12, R13); C (`admitted_epoch`) is the epoch admitted so
+//! far. A request starts only when its epoch is ≤ C and nothing is queued
+//! ahead of it (R14, R18). When the head of the queue needs a later epoch,
+//! one boundary action admits it (R15, R16), whatever number of fences lie
+//! between (R11):
+//! - nothing dirty: C moves at once, no driver call, no CQE (R10);
+//! - no strong fence in between, and the dirty lanes plus the head's lane
+//!   are one ordered lane: a weak fence, the transport fence flag on the
+//!   head's post (R8);
+//! - otherwise a strong fence: one flush of exactly the dirty lanes (R9,
+//!   R17, R24), at most one per endpoint (R16), whose slot is owned before
+//!   the driver is called (R25, W1). Its completion moves C to the exact
+//!   target recorded at its start (R15c), clears only what was flushed (R17,
+//!   W2), and schedules dispatch; it never dispatches itself (R19, R20, W1).
+//!
+//! A FENCE completes at once: it orders, it does not complete anything (R5).
+//! Lanes carry generations: a lane replaced while dirty widens the next
+//! flush to every lane (R38), and a flush during which a flushed lane was
+//! replaced is repeated before C moves (R39).
 
 use crate::config::Config;
-use crate::driver::{Completion, Driver, DriverContext, Op, OpKind, Posted, Token};
-use crate::endpoint::{Endpoint, EndpointCold, EpState};
+use crate::driver::{Completion, Driver, DriverContext, LaneMask, Op, OpKind, Posted, Token};
+use crate::endpoint::{Endpoint, EndpointCold, EpState, NO_LANE, WEAK_FLAG_OWED};
 use crate::memory::{MemRegistry, RkeyTable, within};
 use crate::request::{NONE, Pool, Request, RequestId, State};
 use crate::stats::Stats;
@@ -218,8 +237,8 @@ impl Engine {
     }
 
     pub(crate) fn add_endpoint(&mut self, ep: Endpoint) -> u32 {
+        self.cold.push(EndpointCold::new(ep.lanes));
         self.endpoints.push(ep);
-        self.cold.push(EndpointCold::default());
         self.scheduled.reserve(1);
         self.scheduled_next.reserve(1);
         self.endpoints.len() as u32 - 1
@@ -361,8 +380,13 @@ impl Engine {
             .endpoints
             .get(ep_index)
             .ok_or(Status::InvalidEndpoint)?;
-        if ep.state == EpState::Failed {
-            return Err(ep.error());
+        match (ep.state, opcode) {
+            (EpState::Connected, _) => {}
+            // R34: a fence and a close on a failed endpoint are accepted.
+            (EpState::Failed, Opcode::FENCE | Opcode::CLOSE) => {}
+            (EpState::Failed, _) => return Err(ep.error()),
+            // R43: nothing is queued behind a close.
+            (EpState::Closing | EpState::Closed, _) => return Err(Status::EndpointClosed),
         }
         let caps = self.drivers[ep.driver as usize].capabilities();
         let mut request = Request::from_sqe(sqe, opcode, ep_index as u16, flags);
@@ -410,6 +434,9 @@ impl Engine {
                     return Err(Status::InvalidSubop);
                 }
             }
+            Opcode::CLOSE => {
+                sqe.close_mode().map_err(|e| e.status())?;
+            }
             Opcode::NOTIFY => {
                 if sqe.subop != 0 {
                     return Err(Status::InvalidSubop);
@@ -445,37 +472,109 @@ impl Engine {
     // ------------------------------------------------------------ endpoints
 
     /// Captures the request's epoch (R13) and starts it, or queues it behind
-    /// what is queued or behind an unresolved fence (R14, R18).
+    /// what is queued or behind an unresolved boundary (R14, R18).
     fn submit(&mut self, id: RequestId) {
-        let (opcode, subop) = (self.request(id).opcode(), self.request(id).subop());
-        let e = self.request(id).endpoint as usize;
-        let ep = &mut self.endpoints[e];
-        if opcode == Opcode::FENCE || opcode == Opcode::NOTIFY {
-            // A NOTIFY carries an implicit strong fence before it: it is
-            // delivered after everything earlier is remotely complete.
-            ep.submit_epoch += 1;
-            if opcode == Opcode::FENCE {
-                self.stats.fences += 1;
-                self.cold[e].stats.fences += 1;
-                let mode = FenceMode::try_from(subop).unwrap_or(FenceMode::STRONG);
-                tracing::trace!(endpoint = e, ?mode, epoch = ep.submit_epoch, "fence");
+        let request = *self.request(id);
+        let (opcode, e) = (request.opcode(), request.endpoint as usize);
+        match opcode {
+            Opcode::FENCE => return self.fence(id, e, request.subop()),
+            Opcode::CLOSE if request.subop() == ringfence_ring::CloseMode::FORCE.as_raw() => {
+                return self.force_close(id, e);
             }
+            Opcode::CLOSE if self.endpoints[e].state == EpState::Failed => {
+                // R34: closing a failed endpoint succeeds at once.
+                self.close_now(e);
+                return self.complete(id, Ok(0));
+            }
+            Opcode::CLOSE => self.endpoints[e].state = EpState::Closing,
+            _ => {}
         }
+        let ep = &mut self.endpoints[e];
+        if opcode == Opcode::NOTIFY {
+            // An implicit strong fence: delivered after everything earlier
+            // is remotely complete (DESIGN.md, Notifications).
+            ep.submit_epoch += 1;
+            ep.strong_armed = true;
+        }
+        let strong = std::mem::take(&mut ep.strong_armed);
         let epoch = ep.submit_epoch as u32;
-        let admitted = ep.admitted_epoch as u32;
-        let can_start = ep.head == NONE && epoch_le(epoch, admitted);
-        self.request_mut(id).epoch = epoch;
-        if can_start && self.start(id) == Started::Gone {
-            return;
+        let queue_empty = ep.head == NONE;
+        let r = self.request_mut(id);
+        r.epoch = epoch;
+        if strong {
+            r.set_strong_boundary();
         }
-        if !can_start {
+        let can_start = queue_empty && self.admitted(id);
+        if can_start {
+            // No boundary lies between C and this request (its epoch is
+            // admitted), so it starts now, in the submitting round.
+            if self.start(id) == Started::Gone {
+                return;
+            }
+            self.push_head(e, id);
+        } else {
             self.stats.deferrals += 1;
             self.cold[e].stats.deferrals += 1;
             self.push_tail(e, id);
-        } else {
-            self.push_head(e, id);
         }
         self.schedule(e);
+    }
+
+    /// A FENCE bumps W and completes at once (R5): it orders; the boundary
+    /// action happens when the next request needs it (R10, R11). On a failed
+    /// endpoint it is accepted and does nothing (R34).
+    fn fence(&mut self, id: RequestId, e: usize, subop: u8) {
+        let mode = FenceMode::try_from(subop).unwrap_or(FenceMode::STRONG);
+        let ep = &mut self.endpoints[e];
+        if ep.state == EpState::Connected {
+            ep.submit_epoch += 1;
+            ep.strong_armed |= mode == FenceMode::STRONG;
+        }
+        tracing::trace!(endpoint = e, ?mode, epoch = ep.submit_epoch, "fence");
+        self.stats.fences += 1;
+        self.cold[e].stats.fences += 1;
+        self.complete(id, Ok(0));
+    }
+
+    /// R42: a forced close cancels the queue and the in-flight fence at
+    /// once, and releases the connection; requests already posted come back
+    /// through the driver.
+    fn force_close(&mut self, id: RequestId, e: usize) {
+        self.fail_endpoint(e, Status::Canceled);
+        self.close_now(e);
+        self.complete(id, Ok(0));
+    }
+
+    /// Releases the connection and marks the endpoint closed.
+    fn close_now(&mut self, e: usize) {
+        let ep = &mut self.endpoints[e];
+        if ep.state == EpState::Closed {
+            return;
+        }
+        ep.state = EpState::Closed;
+        ep.set_error(Status::EndpointClosed);
+        ep.flushing = 0;
+        ep.weak_lane = NO_LANE;
+        let (driver, driver_ep) = (ep.driver as usize, crate::driver::DriverEp(ep.driver_ep));
+        self.drivers[driver].disconnect(driver_ep);
+        tracing::debug!(endpoint = e, "endpoint closed");
+    }
+
+    /// Completes a request that finished and applies what its result means
+    /// for its endpoint: a fatal error fails it (R20); a graceful CLOSE's
+    /// final flush closes it, and the close succeeds even if the endpoint
+    /// failed meanwhile (R34, R41).
+    fn finish(&mut self, id: RequestId, e: usize, result: Result<u32, Status>) {
+        if self.request(id).opcode() == Opcode::CLOSE {
+            self.close_now(e);
+            return self.complete(id, Ok(0));
+        }
+        self.complete(id, result);
+        if let Err(status) = result {
+            if is_fatal(status) {
+                self.fail_endpoint(e, status);
+            }
+        }
     }
 
     fn push_tail(&mut self, e: usize, id: RequestId) {
@@ -538,14 +637,16 @@ impl Engine {
     /// the boundary flush that admits the next epoch (R19).
     fn dispatch(&mut self, e: usize) -> usize {
         let mut started = 0;
-        while self.endpoints[e].state == EpState::Connected {
+        while matches!(
+            self.endpoints[e].state,
+            EpState::Connected | EpState::Closing
+        ) {
             let head = self.endpoints[e].head;
             if head == NONE {
                 break;
             }
             let epoch = self.request(RequestId(head)).epoch;
-            let ep = &self.endpoints[e];
-            if epoch_le(epoch, ep.admitted_epoch as u32) {
+            if self.admitted(RequestId(head)) {
                 if started == DISPATCH_BATCH {
                     self.schedule(e);
                     break;
@@ -559,56 +660,140 @@ impl Engine {
                 }
                 continue;
             }
-            if ep.fence_target != 0 {
+            let ep = &self.endpoints[e];
+            if ep.flushing != 0 {
                 break; // R16: its completion reschedules us.
             }
             // The exact target epoch: the head's own (R15, R16).
-            let target = ep.submit_epoch - u64::from((ep.submit_epoch as u32).wrapping_sub(epoch));
-            if !self.start_fence_flush(e, target) {
+            let target = ep.full_epoch(epoch);
+            if !self.cross_boundary(e, RequestId(head), target) {
                 break;
             }
         }
         started as usize
     }
 
-    /// Moves C to `target`: at once if no lane is dirty (R10, R15a), else by
-    /// a flush of exactly the dirty lanes (R15c, R17). Returns whether C
-    /// moved now.
-    fn start_fence_flush(&mut self, e: usize, target: u64) -> bool {
-        let ep = &mut self.endpoints[e];
-        if ep.dirty == 0 {
-            ep.admitted_epoch = target;
+    /// Whether request `id` may start now (R14): its epoch is admitted; or a
+    /// weak fence admitted its epoch on its lane (R8); or it is a FLUSH or a
+    /// graceful CLOSE, which order nothing at the target and cover whatever
+    /// was started before them (R21, R23, R41).
+    fn admitted(&self, id: RequestId) -> bool {
+        let request = self.request(id);
+        let ep = &self.endpoints[request.endpoint as usize];
+        if epoch_le(request.epoch, ep.admitted_epoch as u32) {
             return true;
         }
-        let mask = ep.dirty;
-        let (driver, driver_ep) = (ep.driver as usize, ep.driver_ep);
+        if matches!(request.opcode(), Opcode::FLUSH | Opcode::CLOSE) {
+            return true;
+        }
+        match ep.weak() {
+            Some((lane, epoch)) => epoch == request.epoch && self.lane_of(request) == Some(lane),
+            None => false,
+        }
+    }
+
+    /// C moves to `target`; a weak admission at or below it is used up.
+    fn admit(&mut self, e: usize, target: u64) {
+        let ep = &mut self.endpoints[e];
+        ep.admitted_epoch = target;
+        if ep
+            .weak()
+            .is_some_and(|(_, epoch)| epoch_le(epoch, target as u32))
+        {
+            ep.weak_lane = NO_LANE;
+        }
+    }
+
+    /// The lane request `head` will use, if it is a lane operation.
+    fn lane_of(&self, head: &Request) -> Option<u8> {
+        let ep = &self.endpoints[head.endpoint as usize];
+        match head.opcode() {
+            Opcode::PUT | Opcode::GET => {
+                Some(ep.peek_data_lane(head.len, self.config.bw_threshold))
+            }
+            Opcode::ATOMIC => Some(ep.atomic_lane()),
+            Opcode::NOTIFY => Some(0),
+            _ => None,
+        }
+    }
+
+    /// Moves C to `target` for the queue head `head` (R15): at once if no
+    /// lane is dirty (R10), by a weak fence if one ordered lane suffices
+    /// (R8), else by a strong flush (R9). Returns whether C moved now.
+    fn cross_boundary(&mut self, e: usize, head: RequestId, target: u64) -> bool {
+        let request = *self.request(head);
+        let ep = &self.endpoints[e];
+        if ep.dirty == 0 {
+            self.admit(e, target);
+            return true;
+        }
+        let lanes = ep.dirty | self.lane_of(&request).map_or(0, |l| 1 << l);
+        let driver = &self.drivers[ep.driver as usize];
+        let driver_ep = crate::driver::DriverEp(ep.driver_ep);
+        let weak = !request.strong_boundary()
+            && lanes.count_ones() == 1
+            && driver.lane_ordered(driver_ep, lanes.trailing_zeros() as u8)
+            && self.normalize(e, ep.dirty) == ep.dirty;
+        if weak {
+            // C stays: the epoch is admitted on this one lane only. A later
+            // request of the same epoch on another lane needs the flush
+            // after all (R8: the condition holds per operation).
+            let lane = lanes.trailing_zeros() as u8;
+            let ep = &mut self.endpoints[e];
+            ep.weak_lane = lane | WEAK_FLAG_OWED;
+            ep.weak_epoch = target as u32;
+            self.stats.weak_fences += 1;
+            self.cold[e].stats.weak_fences += 1;
+            tracing::trace!(endpoint = e, lane, target, "weak fence");
+            return true;
+        }
+        self.start_fence_flush(e, target)
+    }
+
+    /// The lanes a flush must cover, from the dirty set `dirty`: all live
+    /// lanes if any dirty lane was replaced since it was written (R38).
+    fn normalize(&self, e: usize, dirty: LaneMask) -> LaneMask {
+        let ep = &self.endpoints[e];
+        let driver = &self.drivers[ep.driver as usize];
+        let driver_ep = crate::driver::DriverEp(ep.driver_ep);
+        let replaced = (0..ep.lanes).any(|lane| {
+            dirty & (1 << lane) != 0
+                && driver.lane_generation(driver_ep, lane)
+                    != self.cold[e].dirty_generation[lane as usize]
+        });
+        if replaced { ep.all_lanes() } else { dirty }
+    }
+
+    /// Starts the strong flush of exactly the dirty lanes (R9, R17) that
+    /// moves C to `target` when it completes (R15c). Returns whether C moved
+    /// now (the driver finished the flush inside the call).
+    fn start_fence_flush(&mut self, e: usize, target: u64) -> bool {
+        let mask = self.normalize(e, self.endpoints[e].dirty);
+        let ep = &mut self.endpoints[e];
+        let (driver, driver_ep) = (ep.driver as usize, crate::driver::DriverEp(ep.driver_ep));
         ep.flushing = mask;
         ep.dirty = 0;
-        // The slot is owned before the driver is called (R25, W1).
-        ep.fence_target = target;
+        // The slot is owned before the driver is called: a flush that
+        // finishes inside the call cannot find it empty (R25, W1).
+        ep.fence_target = target as u32;
+        let lanes = ep.lanes;
+        for lane in 0..lanes {
+            if mask & (1 << lane) != 0 {
+                self.cold[e].flush_generation[lane as usize] =
+                    self.drivers[driver].lane_generation(driver_ep, lane);
+            }
+        }
         self.stats.flushes += 1;
         self.cold[e].stats.flushes += 1;
         tracing::trace!(endpoint = e, lanes = mask, target, "fence flush");
-        let posted = self.drivers[driver].flush(
-            crate::driver::DriverEp(driver_ep),
-            mask,
-            Token(FENCE_TOKEN | e as u64),
-        );
-        let ep = &mut self.endpoints[e];
-        match posted {
+        match self.drivers[driver].flush(driver_ep, mask, Token(FENCE_TOKEN | e as u64)) {
             Posted::InFlight => false,
-            Posted::Done(Ok(_)) => {
-                ep.fence_target = 0;
-                ep.flushing = 0;
-                ep.admitted_epoch = target;
-                true
-            }
-            Posted::Done(Err(status)) => {
-                self.fail_endpoint(e, status);
-                false
+            Posted::Done(result) => {
+                self.fence_flush_done(e, result);
+                self.endpoints[e].admitted_epoch == target
             }
             Posted::NoResource => {
-                ep.fence_target = 0;
+                let ep = &mut self.endpoints[e];
                 ep.dirty |= mask;
                 ep.flushing = 0;
                 self.schedule(e);
@@ -617,26 +802,68 @@ impl Engine {
         }
     }
 
+    /// The fence flush of endpoint `e` finished (inside its start or from
+    /// `poll`). The slot is cleared first (R33); on success C moves to the
+    /// recorded target unless a flushed lane was replaced meanwhile, in
+    /// which case every lane is flushed again before C moves (R39).
+    /// Dispatch is scheduled, never run from here (R20, W1).
+    fn fence_flush_done(&mut self, e: usize, result: Result<u32, Status>) {
+        let ep = &mut self.endpoints[e];
+        let (target, flushed) = (ep.full_epoch(ep.fence_target), ep.flushing);
+        ep.flushing = 0;
+        if let Err(status) = result {
+            return self.fail_endpoint(e, status);
+        }
+        let ep = &self.endpoints[e];
+        let driver = &self.drivers[ep.driver as usize];
+        let driver_ep = crate::driver::DriverEp(ep.driver_ep);
+        let replaced = (0..ep.lanes).any(|lane| {
+            flushed & (1 << lane) != 0
+                && driver.lane_generation(driver_ep, lane)
+                    != self.cold[e].flush_generation[lane as usize]
+        });
+        let ep = &mut self.endpoints[e];
+        if replaced {
+            tracing::debug!(
+                endpoint = e,
+                "lane replaced during a fence flush; flushing every lane again"
+            );
+            ep.dirty |= ep.all_lanes();
+            // Mark every lane as replaced so the next flush is normalized.
+            self.cold[e].dirty_generation.fill(u32::MAX);
+        } else {
+            self.admit(e, target);
+            tracing::trace!(endpoint = e, epoch = target, "fence flush done");
+        }
+        self.schedule(e);
+    }
+
     /// Starts an admitted request.
     fn start(&mut self, id: RequestId) -> Started {
         let request = *self.request(id);
         let e = request.endpoint as usize;
         let ep = &mut self.endpoints[e];
         let (driver, driver_ep) = (ep.driver as usize, crate::driver::DriverEp(ep.driver_ep));
+        let mut fence_taken = false;
         let posted = match request.opcode() {
             Opcode::FENCE => {
                 // The boundary has been crossed: the fence is done.
                 self.complete(id, Ok(0));
                 return Started::Gone;
             }
-            Opcode::FLUSH => {
+            Opcode::FLUSH | Opcode::CLOSE => {
                 // Everything submitted before this flush has been started
-                // (FIFO); the lanes it wrote are dirty or being flushed (R21).
+                // (FIFO); the lanes it wrote are dirty or being flushed
+                // (R21, R23). A graceful CLOSE ends with the same flush (R41).
                 let mask = ep.dirty | ep.flushing;
                 if mask == 0 {
+                    if request.opcode() == Opcode::CLOSE {
+                        self.close_now(e);
+                    }
                     self.complete(id, Ok(0));
                     return Started::Gone;
                 }
+                let mask = self.normalize(e, mask);
                 self.stats.flushes += 1;
                 self.cold[e].stats.flushes += 1;
                 self.drivers[driver].flush(driver_ep, mask, Token(u64::from(id.0)))
@@ -657,8 +884,17 @@ impl Engine {
                     }
                     _ => (OpKind::Notify, 0),
                 };
-                // Dirty before posting (R14).
-                ep.dirty |= 1 << lane;
+                // Dirty before posting (R14), with the lane's generation (R38).
+                if ep.dirty & (1 << lane) == 0 {
+                    ep.dirty |= 1 << lane;
+                    self.cold[e].dirty_generation[lane as usize] =
+                        self.drivers[driver].lane_generation(driver_ep, lane);
+                }
+                let ep = &mut self.endpoints[e];
+                if ep.weak_lane == lane | WEAK_FLAG_OWED {
+                    ep.weak_lane = lane;
+                    fence_taken = true;
+                }
                 let local_key = if request.holds_mem() {
                     self.mem.get(request.local_mem).map(|r| r.keys[driver])
                 } else {
@@ -680,6 +916,7 @@ impl Engine {
                     len: request.len,
                     operand: request.operand,
                     operand2: request.operand2,
+                    fence: fence_taken,
                 };
                 self.drivers[driver].post(driver_ep, &op, Token(u64::from(id.0)))
             }
@@ -691,15 +928,16 @@ impl Engine {
                 Started::Gone
             }
             Posted::Done(result) => {
-                self.complete(id, result);
-                if let Err(status) = result {
-                    if is_fatal(status) {
-                        self.fail_endpoint(e, status);
-                    }
-                }
+                self.finish(id, e, result);
                 Started::Gone
             }
-            Posted::NoResource => Started::Blocked,
+            Posted::NoResource => {
+                // Nothing was posted: the fence flag is still owed (R19).
+                if fence_taken {
+                    self.endpoints[e].weak_lane |= WEAK_FLAG_OWED;
+                }
+                Started::Blocked
+            }
         }
     }
 
@@ -709,16 +947,25 @@ impl Engine {
     /// the driver.
     pub(crate) fn fail_endpoint(&mut self, e: usize, status: Status) {
         let ep = &mut self.endpoints[e];
-        if ep.state == EpState::Failed {
+        if matches!(ep.state, EpState::Failed | EpState::Closed) {
             return;
         }
         tracing::warn!(endpoint = e, %status, "endpoint failed");
+        let closing = ep.state == EpState::Closing;
         ep.state = EpState::Failed;
         ep.set_error(status);
-        ep.fence_target = 0;
         ep.flushing = 0;
+        ep.weak_lane = NO_LANE;
         while let Some(id) = self.pop_head(e) {
-            self.complete(id, Err(status));
+            if self.request(id).opcode() == Opcode::CLOSE {
+                // R34: the close of a failed endpoint succeeds.
+                self.complete(id, Ok(0));
+            } else {
+                self.complete(id, Err(status));
+            }
+        }
+        if closing {
+            self.close_now(e);
         }
     }
 
@@ -745,24 +992,14 @@ impl Engine {
     fn on_completion(&mut self, c: Completion) {
         if c.token.0 & FENCE_TOKEN != 0 {
             let e = (c.token.0 & !FENCE_TOKEN) as usize;
-            let Some(ep) = self.endpoints.get_mut(e).filter(|ep| ep.fence_target != 0) else {
+            let Some(ep) = self.endpoints.get_mut(e).filter(|ep| ep.flushing != 0) else {
                 self.stray_completions += 1;
                 return;
             };
-            // Clear the slot before anything else (R33); only the flushed
-            // subset leaves D: `dirty` already holds just the lanes written
-            // since the flush started (R17, W2).
-            let target = ep.fence_target;
-            ep.fence_target = 0;
-            ep.flushing = 0;
-            match c.result {
-                Ok(_) => {
-                    ep.admitted_epoch = target;
-                    tracing::trace!(endpoint = e, epoch = target, "fence flush done");
-                    self.schedule(e);
-                }
-                Err(status) => self.fail_endpoint(e, status),
-            }
+            // Only the flushed subset leaves D: `dirty` already holds just
+            // the lanes written since the flush started (R17, W2).
+            let _ = ep;
+            self.fence_flush_done(e, c.result);
             return;
         }
         let id = RequestId(c.token.0 as u32);
@@ -778,12 +1015,7 @@ impl Engine {
         }
         let e = self.request(id).endpoint as usize;
         self.endpoints[e].inflight -= 1;
-        self.complete(id, c.result);
-        if let Err(status) = c.result {
-            if is_fatal(status) {
-                self.fail_endpoint(e, status);
-            }
-        }
+        self.finish(id, e, c.result);
     }
 
     /// The single place a request ends: releases what it held, counts it,
@@ -853,9 +1085,11 @@ impl Engine {
         }
         self.shut_down = true;
         for e in 0..self.endpoints.len() {
+            if self.endpoints[e].state == EpState::Closed {
+                continue;
+            }
             self.fail_endpoint(e, Status::Canceled);
-            let ep = &self.endpoints[e];
-            self.drivers[ep.driver as usize].disconnect(crate::driver::DriverEp(ep.driver_ep));
+            self.close_now(e);
         }
         // Disconnected drivers hand back what they held; a driver that
         // keeps something anyway gets it canceled below.

@@ -19,7 +19,8 @@
 //! PUT and a FLUSH.
 //!
 //! # Cargo features
-//! None yet.
+//! - `testkit`: `FaultInjector`, a driver wrapper
+//!   that reorders, delays and fails operations on purpose, for tests.
 //!
 //! # Thread safety
 //! A `Worker` is `Send + Sync`; its engine sits behind one mutex, taken once
@@ -51,6 +52,8 @@ mod driver;
 mod endpoint;
 mod engine;
 mod error;
+#[cfg(feature = "testkit")]
+mod fault;
 mod loopback;
 mod memory;
 mod request;
@@ -61,10 +64,12 @@ mod worker;
 pub use config::Config;
 pub use driver::{
     Capabilities, Completion, Driver, DriverContext, DriverEp, DriverError, DriverMemKey,
-    DriverRkey, LaneMask, MAX_LANES, MemDesc, Op, OpKind, Posted, Token,
+    DriverMemory, DriverRkey, LaneMask, MAX_LANES, MemDesc, Op, OpKind, Posted, Token,
 };
 pub use endpoint::EndpointId;
 pub use error::Error;
+#[cfg(feature = "testkit")]
+pub use fault::{Executed, FaultHandle, FaultInjector, Timing};
 pub use loopback::{CompletionMode, Loopback};
 pub use memory::{MemHandle, MemKind, RkeyId};
 pub use request::{MAX_QUEUES, MAX_REQUESTS};

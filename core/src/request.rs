@@ -51,7 +51,8 @@ pub(crate) struct Request {
     pub endpoint: u16,
     pub opcode: u8,
     /// `subop` (bits 0-1), SKIP_SUCCESS (bit 2), state (bits 3-4), holds a
-    /// reference on its local registration (bit 5).
+    /// reference on its local registration (bit 5), a strong fence precedes
+    /// it (bit 6; FENCE.md R9).
     pub bits: u8,
 }
 
@@ -62,6 +63,7 @@ const SKIP: u8 = 1 << 2;
 const STATE_SHIFT: u8 = 3;
 const STATE_MASK: u8 = 0b11 << STATE_SHIFT;
 const HOLDS_MEM: u8 = 1 << 5;
+const STRONG: u8 = 1 << 6;
 
 impl Request {
     pub(crate) const EMPTY: Request = Request {
@@ -134,6 +136,17 @@ impl Request {
 
     pub(crate) fn set_holds_mem(&mut self) {
         self.bits |= HOLDS_MEM;
+    }
+
+    /// Whether a strong fence (or a NOTIFY's implicit one) was submitted on
+    /// the endpoint between the previous request and this one: the boundary
+    /// before it must then be a flush, never a weak fence.
+    pub(crate) fn strong_boundary(&self) -> bool {
+        self.bits & STRONG != 0
+    }
+
+    pub(crate) fn set_strong_boundary(&mut self) {
+        self.bits |= STRONG;
     }
 }
 

@@ -11,6 +11,9 @@ pub struct Stats {
     pub bytes: u64,
     /// FENCE operations submitted.
     pub fences: u64,
+    /// Fence boundaries crossed with a transport fence flag on one ordered
+    /// lane instead of a flush (FENCE.md R8).
+    pub weak_fences: u64,
     /// Driver flushes started (by fences, FLUSH and NOTIFY).
     pub flushes: u64,
     /// Requests that waited in an endpoint queue instead of starting at once.

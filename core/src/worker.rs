@@ -432,13 +432,37 @@ impl Worker {
     /// Allocates `len` zeroed, 64-byte aligned bytes and registers them: the
     /// zero-copy way to start.
     ///
+    /// The memory comes from the first driver that provides its own
+    /// ([`Driver::alloc_memory`], e.g. a sealed memfd that a shared-memory
+    /// peer maps), else from the heap.
+    ///
     /// # Errors
-    /// As [`register`](Worker::register), or the allocation failed.
+    /// As [`register`](Worker::register), the driver's allocation error, or
+    /// the allocation failed.
     pub fn alloc_registered(&self, len: usize) -> Result<RegisteredBuf, Error> {
-        let mem = Arc::new(OwnedMem::new(len).ok_or(Error::Status {
+        let no_memory = Error::Status {
             op: "alloc_registered",
             status: Status::NoMemory,
-        })?);
+        };
+        let from_driver = if len == 0 {
+            None
+        } else {
+            let mut engine = self.shared.engine();
+            engine.drivers.iter_mut().find_map(|d| {
+                let name = d.name();
+                d.alloc_memory(len).map(|r| {
+                    r.map_err(|source| Error::Driver {
+                        driver: name,
+                        op: "alloc_memory",
+                        source,
+                    })
+                })
+            })
+        };
+        let mem = Arc::new(match from_driver {
+            Some(mem) => OwnedMem::from_driver(mem?, len).ok_or(no_memory)?,
+            None => OwnedMem::new(len).ok_or(no_memory)?,
+        });
         let handle =
             self.register_desc(mem.addr(), len as u64, MemKind::Host, Some(mem.clone()))?;
         Ok(RegisteredBuf { mem, handle, len })

@@ -115,7 +115,7 @@ pub use raw::channel;
 pub use region::{AppSide, EngineSide, Region, RegionBuilder, RegionError};
 pub use sqe::{LocalBuf, RemoteBuf, Sqe};
 pub use status::{Status, UnknownStatus, strerror};
-pub use value::{AtomicOp, CqeFlags, FenceMode, Field, Opcode, SqeFlags, UnknownValue};
+pub use value::{AtomicOp, CloseMode, CqeFlags, FenceMode, Field, Opcode, SqeFlags, UnknownValue};
 
 /// Why [`Consumer::wait`] failed.
 #[cfg(not(loom))]

@@ -1,7 +1,7 @@
 //! The submission queue entry: 64 bytes, one cache line.
 
 use crate::entry::{Entry, private::Sealed};
-use crate::value::{AtomicOp, FenceMode, Opcode, SqeFlags, UnknownValue};
+use crate::value::{AtomicOp, CloseMode, FenceMode, Opcode, SqeFlags, UnknownValue};
 use static_assertions::{assert_eq_size, const_assert_eq};
 
 /// A buffer in the initiator's own registered memory.
@@ -250,6 +250,15 @@ impl Sqe {
         sqe
     }
 
+    /// A close of `endpoint` (see [`CloseMode`]).
+    #[inline]
+    pub const fn close(endpoint: u32, mode: CloseMode) -> Sqe {
+        let mut sqe = Sqe::new(Opcode::CLOSE);
+        sqe.endpoint = endpoint;
+        sqe.subop = mode.as_raw();
+        sqe
+    }
+
     /// This entry with `user_data` set.
     #[inline]
     pub const fn with_user_data(mut self, user_data: u64) -> Sqe {
@@ -289,6 +298,15 @@ impl Sqe {
     #[inline]
     pub fn atomic_op(&self) -> Result<AtomicOp, UnknownValue> {
         AtomicOp::try_from(self.subop)
+    }
+
+    /// The decoded close mode (meaningful for CLOSE only).
+    ///
+    /// # Errors
+    /// [`UnknownValue`] if `subop` is not a [`CloseMode`].
+    #[inline]
+    pub fn close_mode(&self) -> Result<CloseMode, UnknownValue> {
+        CloseMode::try_from(self.subop)
     }
 
     /// The decoded fence mode (meaningful for FENCE only).
@@ -398,6 +416,12 @@ mod tests {
         assert_eq!(
             (notify.opcode(), notify.local(), notify.len),
             (Ok(Opcode::NOTIFY), L, 12)
+        );
+
+        let close = Sqe::close(5, CloseMode::FORCE);
+        assert_eq!(
+            (close.opcode(), close.close_mode(), close.endpoint),
+            (Ok(Opcode::CLOSE), Ok(CloseMode::FORCE), 5)
         );
 
         let skip = Sqe::nop().with_flags(SqeFlags::SKIP_SUCCESS);

@@ -20,6 +20,8 @@ pub enum Field {
     AtomicOp,
     /// [`Sqe::subop`](crate::Sqe::subop) of a FENCE.
     FenceMode,
+    /// [`Sqe::subop`](crate::Sqe::subop) of a CLOSE.
+    CloseMode,
     /// [`Cqe::flags`](crate::Cqe::flags).
     CqeFlags,
 }
@@ -39,7 +41,7 @@ impl UnknownValue {
         match self.field {
             Field::Opcode => Status::InvalidOpcode,
             Field::SqeFlags | Field::CqeFlags => Status::InvalidFlags,
-            Field::AtomicOp | Field::FenceMode => Status::InvalidSubop,
+            Field::AtomicOp | Field::FenceMode | Field::CloseMode => Status::InvalidSubop,
         }
     }
 }
@@ -128,6 +130,22 @@ closed_set! {
         /// Sends a small payload to the peer, delivered after every earlier
         /// operation on the endpoint is remotely complete.
         NOTIFY = 6,
+        /// Closes the endpoint; [`Sqe::subop`](crate::Sqe::subop) holds the
+        /// [`CloseMode`]. Later operations on it fail with
+        /// `EndpointClosed`.
+        CLOSE = 7,
+    }
+}
+
+closed_set! {
+    /// How a [`Opcode::CLOSE`] closes its endpoint (FENCE.md R41–R43).
+    pub struct CloseMode(u8) as CloseMode {
+        /// After everything submitted before it is remotely complete; its
+        /// CQE comes last.
+        GRACEFUL = 0,
+        /// At once: queued operations and the in-flight fence complete with
+        /// `Canceled`.
+        FORCE = 1,
     }
 }
 
@@ -250,12 +268,12 @@ mod tests {
         for raw in 0..=u8::MAX {
             match Opcode::try_from(raw) {
                 Ok(op) => {
-                    assert!(raw <= 6);
+                    assert!(raw <= 7);
                     assert_eq!(op.as_raw(), raw);
                     assert_ne!(op.name(), "?");
                 }
                 Err(e) => {
-                    assert!(raw > 6);
+                    assert!(raw > 7);
                     assert_eq!(
                         e,
                         UnknownValue {
@@ -269,7 +287,12 @@ mod tests {
             assert_eq!(AtomicOp::try_from(raw).is_ok(), raw <= 3);
             assert_eq!(FenceMode::try_from(raw).is_ok(), raw <= 1);
         }
-        assert_eq!(Opcode::ALL.len(), 7);
+        assert_eq!(Opcode::ALL.len(), 8);
+        assert_eq!(
+            CloseMode::try_from(2).unwrap_err().status(),
+            Status::InvalidSubop
+        );
+        assert_eq!(CloseMode::ALL, &[CloseMode::GRACEFUL, CloseMode::FORCE]);
         assert_eq!(format!("{:?}", Opcode::NOTIFY), "NOTIFY");
         assert_eq!(Opcode(200).name(), "?");
         assert_eq!(

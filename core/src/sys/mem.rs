@@ -5,9 +5,11 @@
 //! creates Rust references into it: copies go through raw pointers and
 //! atomics through `AtomicU64::from_ptr`.
 
+use crate::driver::DriverMemory;
 use ringfence_ring::AtomicOp;
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::ptr::NonNull;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Copies `len` bytes from `src` to `dst`.
@@ -56,17 +58,31 @@ pub(crate) unsafe fn store_u64(addr: u64, value: u64) {
     unsafe { AtomicU64::from_ptr(addr as usize as *mut u64) }.store(value, Ordering::Release);
 }
 
-/// A zeroed, 64-byte-aligned heap allocation whose address can be handed
-/// out for registration.
+/// Zeroed, 64-byte-aligned memory owned by the registry, whose address
+/// can be handed out for registration: a heap allocation, or memory a
+/// driver provided ([`DriverMemory`], e.g. a sealed memfd that peers map).
 #[derive(Debug)]
 pub(crate) struct OwnedMem {
-    ptr: NonNull<u8>,
-    layout: Layout,
+    backing: Backing,
 }
 
-// SAFETY: `OwnedMem` owns its allocation and exposes only its address;
-// every access to the bytes goes through this module's raw-pointer
-// functions, whose callers synchronize through the registry.
+#[derive(Debug)]
+enum Backing {
+    /// From the global allocator with exactly this layout; freed on drop.
+    Heap { ptr: NonNull<u8>, layout: Layout },
+    /// A driver's memory; `len` is the length asked for (at most the
+    /// driver's, checked in `from_driver`). Unmapped when the last `Arc`
+    /// goes.
+    Driver {
+        mem: Arc<dyn DriverMemory>,
+        len: usize,
+    },
+}
+
+// SAFETY: `OwnedMem` owns its allocation (or an `Arc` of `Send + Sync`
+// driver memory) and exposes only its address; every access to the bytes
+// goes through this module's raw-pointer functions, whose callers
+// synchronize through the registry.
 unsafe impl Send for OwnedMem {}
 // SAFETY: as above; `&OwnedMem` gives out only the address.
 unsafe impl Sync for OwnedMem {}
@@ -80,17 +96,48 @@ impl OwnedMem {
         let layout = Layout::from_size_align(len.max(1), 64).ok()?;
         // SAFETY: the layout has a non-zero size.
         let ptr = NonNull::new(unsafe { alloc_zeroed(layout) })?;
-        Some(OwnedMem { ptr, layout })
+        Some(OwnedMem {
+            backing: Backing::Heap { ptr, layout },
+        })
+    }
+
+    /// Wraps `len` bytes of memory a driver allocated.
+    ///
+    /// # Errors
+    /// `None` if the driver's memory breaks the [`DriverMemory`] contract
+    /// in a way that can be seen: shorter than `len`, unaligned, or at
+    /// address 0.
+    pub(crate) fn from_driver(mem: Arc<dyn DriverMemory>, len: usize) -> Option<OwnedMem> {
+        if mem.len() < len.max(1) || mem.addr() == 0 || mem.addr() % 64 != 0 {
+            return None;
+        }
+        Some(OwnedMem {
+            backing: Backing::Driver { mem, len },
+        })
     }
 
     /// The start address.
     pub(crate) fn addr(&self) -> u64 {
-        self.ptr.as_ptr() as usize as u64
+        match &self.backing {
+            Backing::Heap { ptr, .. } => ptr.as_ptr() as usize as u64,
+            Backing::Driver { mem, .. } => mem.addr(),
+        }
     }
 
-    /// The length in bytes.
+    /// The start as a pointer (keeping the heap allocation's provenance).
+    fn ptr(&self) -> *const u8 {
+        match &self.backing {
+            Backing::Heap { ptr, .. } => ptr.as_ptr(),
+            Backing::Driver { mem, .. } => mem.addr() as usize as *const u8,
+        }
+    }
+
+    /// The length in bytes (at least one).
     pub(crate) fn len(&self) -> usize {
-        self.layout.size()
+        match &self.backing {
+            Backing::Heap { layout, .. } => layout.size(),
+            Backing::Driver { len, .. } => (*len).max(1),
+        }
     }
 
     /// Copies `out.len()` bytes starting at `offset` out.
@@ -154,14 +201,17 @@ impl OwnedMem {
         assert!(offset.checked_add(len).is_some_and(|end| end <= self.len()));
         // SAFETY: in bounds (asserted), initialized (zeroed at allocation),
         // and not written while borrowed (contract).
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(offset), len) }
+        unsafe { std::slice::from_raw_parts(self.ptr().add(offset), len) }
     }
 }
 
 impl Drop for OwnedMem {
     fn drop(&mut self) {
-        // SAFETY: allocated in `new` with exactly this layout.
-        unsafe { dealloc(self.ptr.as_ptr(), self.layout) }
+        if let Backing::Heap { ptr, layout } = &self.backing {
+            // SAFETY: allocated in `new` with exactly this layout.
+            unsafe { dealloc(ptr.as_ptr(), *layout) }
+        }
+        // Driver memory is released by its own `Drop` with the last `Arc`.
     }
 }
 

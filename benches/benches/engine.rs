@@ -1,0 +1,335 @@
+//! Engine round trips: NOPs through a ringfence worker beside NOPs through
+//! the kernel's io_uring, and 8-byte PUTs through the engine over the
+//! loopback driver.
+//!
+//! Every contender runs the same loop on the bench thread (`drive`): it
+//! writes a batch of 32 operations (user_data `i..i + 32`), submits it,
+//! and keeps writing batches while at most 128 operations (four batches)
+//! are in flight, i.e. submitted but not yet reaped; then it reaps what
+//! is ready, up to 64 completions at a time, busy-polling with
+//! `spin_loop` (never sleeping) when nothing is. Four batches keep the
+//! core thread busy while the bench thread writes the next batch, and stay
+//! far inside the default rings (SQ 256, CQ 512, 1024 requests), so a push
+//! never finds the SQ full. `iter_custom` times `iters` operations from the
+//! first submit to the last reap; the last batch may be partial. Setup
+//! (workers, rings, the core thread) is outside the clock and shared by all
+//! samples of one function. Throughput is in elements: one element is one
+//! operation submitted and its completion reaped.
+//!
+//! - `nop_roundtrip`: `Sqe::nop()` through a loopback worker, progress made
+//!   by the worker's core thread (`core_thread`) or by the bench thread
+//!   itself after each submit and before each reap (`inline`); beside
+//!   io_uring's `IORING_OP_NOP` on a 256-entry ring, one `io_uring_enter`
+//!   (`submit`) per batch, where the kernel completes NOPs inside the call.
+//! - `loopback_put_8B`: 8-byte PUTs from a registered source buffer into a
+//!   target worker's registered window, through an endpoint of the loopback
+//!   driver (which copies inside `post`), inline or with a core thread.
+//!
+//! Before any timing, each contender runs 10,000 operations and checks that
+//! every user_data came back exactly once with the expected result (0 for a
+//! NOP, 8 for a PUT) and, for PUTs, that the window holds the source bytes.
+//! If io_uring is not available (kernel or seccomp), its function is skipped
+//! with a message.
+//!
+//! The `core_thread` functions keep two threads busy-polling (this one and
+//! the core thread): on a machine with two vCPUs they need both, and their
+//! figures collapse whenever anything else runs.
+//!
+//! Run: `cargo bench -p ringfence-benches --bench engine`.
+
+use criterion::measurement::WallTime;
+use criterion::{BenchmarkGroup, BenchmarkId, Criterion, Throughput};
+use criterion::{criterion_group, criterion_main};
+use io_uring::{IoUring, opcode, squeue};
+use ringfence::{Loopback, QueuePair, RegisteredBuf, Worker};
+use ringfence_ring::{Cqe, RemoteBuf, Sqe};
+use std::hint::{black_box, spin_loop};
+use std::time::{Duration, Instant};
+
+/// Operations per submit.
+const BATCH: usize = 32;
+/// Operations in flight (submitted, not yet reaped) at most: four batches.
+/// The same for every contender.
+const DEPTH: u64 = 4 * BATCH as u64;
+/// Completions taken per reap call.
+const REAP: usize = 64;
+/// Operations in each correctness check.
+const CHECK: u64 = 10_000;
+/// What the PUTs carry.
+const PAYLOAD: [u8; 8] = *b"rfput-8B";
+
+/// One contender: a submission and a completion queue, and whoever makes
+/// progress between them.
+trait Rig {
+    /// Writes and submits `len` operations with user_data `first..first + len`.
+    fn submit(&mut self, first: u64, len: usize);
+    /// Takes the completions that are ready, calls `seen(user_data, res)`
+    /// for each, and returns how many there were.
+    fn reap<F: FnMut(u64, i32)>(&mut self, seen: &mut F) -> usize;
+}
+
+/// Runs `n` operations through `rig` with at most `DEPTH` in flight.
+fn drive<R: Rig>(rig: &mut R, n: u64, mut seen: impl FnMut(u64, i32)) {
+    let (mut sent, mut done) = (0u64, 0u64);
+    while done < n {
+        while sent < n && sent - done + BATCH as u64 <= DEPTH {
+            let len = (n - sent).min(BATCH as u64) as usize;
+            rig.submit(sent, len);
+            sent += len as u64;
+        }
+        match rig.reap(&mut seen) {
+            0 => spin_loop(),
+            got => done += got as u64,
+        }
+    }
+}
+
+/// `CHECK` operations: every user_data back exactly once with `res`, and
+/// nothing after the last.
+fn check<R: Rig>(name: &str, rig: &mut R, res: i32) {
+    let mut seen = vec![false; CHECK as usize];
+    drive(rig, CHECK, |user_data, got| {
+        assert_eq!(
+            got, res,
+            "{name}: user_data {user_data} completed with {got}"
+        );
+        let slot = seen
+            .get_mut(user_data as usize)
+            .unwrap_or_else(|| panic!("{name}: a completion for unknown user_data {user_data}"));
+        assert!(!*slot, "{name}: user_data {user_data} completed twice");
+        *slot = true;
+    });
+    // `drive` stopped after CHECK completions of distinct user_data in
+    // 0..CHECK: all of them. Nothing more may come.
+    for _ in 0..100 {
+        assert_eq!(
+            rig.reap(&mut |user_data, _| panic!("{name}: a completion too many ({user_data})")),
+            0
+        );
+    }
+}
+
+/// Times `iters` operations through `rig`.
+fn time<R: Rig>(rig: &mut R, iters: u64) -> Duration {
+    let start = Instant::now();
+    drive(rig, iters, |user_data, res| {
+        black_box((user_data, res));
+    });
+    start.elapsed()
+}
+
+fn bench<R: Rig>(group: &mut BenchmarkGroup<'_, WallTime>, name: &str, mut rig: R) {
+    group.bench_function(BenchmarkId::from_parameter(name), |b| {
+        b.iter_custom(|iters| time(&mut rig, iters))
+    });
+}
+
+// ------------------------------------------------------------ ringfence
+
+fn loopback_worker() -> Worker {
+    Worker::builder()
+        .driver(Loopback::new())
+        .ignore_env()
+        .build()
+        .expect("a loopback worker")
+}
+
+/// One queue pair of a worker; `template` is the operation, user_data set
+/// per entry.
+struct EngineRig {
+    qp: QueuePair,
+    worker: Worker,
+    /// The bench thread makes progress itself (no core thread).
+    inline: bool,
+    template: Sqe,
+    batch: [Sqe; BATCH],
+    cqes: [Cqe; REAP],
+}
+
+impl EngineRig {
+    fn new(mut worker: Worker, core_thread: bool, template: Sqe) -> EngineRig {
+        if core_thread {
+            worker
+                .start_core_thread(None)
+                .expect("a core thread (unpinned)");
+        }
+        let qp = worker.create_queue().expect("a queue pair");
+        EngineRig {
+            qp,
+            worker,
+            inline: !core_thread,
+            template,
+            batch: [Sqe::default(); BATCH],
+            cqes: [Cqe::default(); REAP],
+        }
+    }
+}
+
+impl Rig for EngineRig {
+    fn submit(&mut self, first: u64, len: usize) {
+        for (k, slot) in self.batch[..len].iter_mut().enumerate() {
+            *slot = self.template.with_user_data(first + k as u64);
+        }
+        let pushed = self.qp.push_batch(&self.batch[..len]).expect("SQ corrupt");
+        assert_eq!(pushed, len, "the SQ holds DEPTH entries");
+        self.qp.submit();
+        if self.inline {
+            self.qp.progress();
+        }
+    }
+
+    fn reap<F: FnMut(u64, i32)>(&mut self, seen: &mut F) -> usize {
+        if self.inline {
+            self.qp.progress();
+        }
+        let n = self.qp.reap(&mut self.cqes).expect("CQ corrupt");
+        for cqe in &self.cqes[..n] {
+            seen(cqe.user_data, cqe.res);
+        }
+        n
+    }
+}
+
+/// 8-byte PUTs from an initiator to a target worker's window.
+struct PutRig {
+    rig: EngineRig,
+    /// Kept alive: the PUTs land in its window.
+    _target: Worker,
+    window: RegisteredBuf,
+    _src: RegisteredBuf,
+}
+
+impl PutRig {
+    fn new(core_thread: bool) -> Result<PutRig, ringfence::Error> {
+        let target = loopback_worker();
+        let initiator = loopback_worker();
+        let window = target.alloc_registered(4096)?;
+        let ep = initiator.connect(target.address())?;
+        let rkey = initiator.unpack_rkey(ep, &target.pack_rkey(window.handle())?)?;
+        let src = initiator.alloc_registered(64)?;
+        src.write(0, &PAYLOAD);
+        let remote = RemoteBuf {
+            rkey: rkey.as_raw(),
+            addr: window.addr(),
+        };
+        let put = Sqe::put(ep.as_raw(), src.local(0), remote, PAYLOAD.len() as u32);
+        Ok(PutRig {
+            rig: EngineRig::new(initiator, core_thread, put),
+            _target: target,
+            window,
+            _src: src,
+        })
+    }
+
+    /// `CHECK` PUTs, each completing with 8, and the bytes in the window.
+    fn checked(mut self, name: &str) -> PutRig {
+        let mut landed = [0u8; 8];
+        self.window.read(0, &mut landed);
+        assert_ne!(landed, PAYLOAD, "{name}: the window starts without them");
+        check(name, &mut self, PAYLOAD.len() as i32);
+        self.window.read(0, &mut landed);
+        assert_eq!(landed, PAYLOAD, "{name}: the window holds the source bytes");
+        let stats = self.rig.worker.stats();
+        assert_eq!((stats.ops, stats.errors), (CHECK, 0), "{name}: {stats:?}");
+        self
+    }
+}
+
+impl Rig for PutRig {
+    fn submit(&mut self, first: u64, len: usize) {
+        self.rig.submit(first, len);
+    }
+
+    fn reap<F: FnMut(u64, i32)>(&mut self, seen: &mut F) -> usize {
+        self.rig.reap(seen)
+    }
+}
+
+// ------------------------------------------------------------ io_uring
+
+/// The kernel's io_uring with NOPs; the kernel completes each NOP inside
+/// the `io_uring_enter` that submits it.
+struct UringRig {
+    ring: IoUring,
+    batch: Vec<squeue::Entry>,
+}
+
+impl UringRig {
+    fn new() -> std::io::Result<UringRig> {
+        Ok(UringRig {
+            ring: IoUring::new(256)?,
+            batch: Vec::with_capacity(BATCH),
+        })
+    }
+}
+
+impl Rig for UringRig {
+    fn submit(&mut self, first: u64, len: usize) {
+        self.batch.clear();
+        self.batch.extend(
+            (first..first + len as u64)
+                .map(|user_data| opcode::Nop::new().build().user_data(user_data)),
+        );
+        // SAFETY: a NOP refers to no buffer or file that could go away
+        // before it completes.
+        unsafe { self.ring.submission().push_multiple(&self.batch) }
+            .expect("the SQ holds DEPTH entries");
+        self.ring.submit().expect("io_uring_enter");
+    }
+
+    fn reap<F: FnMut(u64, i32)>(&mut self, seen: &mut F) -> usize {
+        let mut n = 0;
+        for cqe in self.ring.completion().take(REAP) {
+            seen(cqe.user_data(), cqe.result());
+            n += 1;
+        }
+        n
+    }
+}
+
+// ------------------------------------------------------------ groups
+
+fn nop_roundtrip(c: &mut Criterion) {
+    // Correctness once per contender, before any timing.
+    let mut core = EngineRig::new(loopback_worker(), true, Sqe::nop());
+    check("ringfence/core_thread/batch32", &mut core, 0);
+    let mut inline = EngineRig::new(loopback_worker(), false, Sqe::nop());
+    check("ringfence/inline/batch32", &mut inline, 0);
+    let uring = match UringRig::new() {
+        Ok(mut rig) => {
+            check("io_uring/nop/batch32", &mut rig, 0);
+            Some(rig)
+        }
+        Err(e) => {
+            println!("nop_roundtrip: io_uring/nop/batch32 skipped: io_uring_setup failed: {e}");
+            None
+        }
+    };
+
+    let mut group = c.benchmark_group("nop_roundtrip");
+    group.throughput(Throughput::Elements(1));
+    bench(&mut group, "ringfence/core_thread/batch32", core);
+    bench(&mut group, "ringfence/inline/batch32", inline);
+    if let Some(rig) = uring {
+        bench(&mut group, "io_uring/nop/batch32", rig);
+    }
+    group.finish();
+}
+
+fn loopback_put_8b(c: &mut Criterion) {
+    let inline = PutRig::new(false)
+        .expect("loopback PUT setup")
+        .checked("ringfence/inline/batch32");
+    let core = PutRig::new(true)
+        .expect("loopback PUT setup")
+        .checked("ringfence/core_thread/batch32");
+
+    let mut group = c.benchmark_group("loopback_put_8B");
+    group.throughput(Throughput::Elements(1));
+    bench(&mut group, "ringfence/inline/batch32", inline);
+    bench(&mut group, "ringfence/core_thread/batch32", core);
+    group.finish();
+}
+
+criterion_group!(benches, nop_roundtrip, loopback_put_8b);
+criterion_main!(benches);

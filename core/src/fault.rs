@@ -1,0 +1,546 @@
+//! `FaultInjector`: a driver wrapper that makes a well-behaved driver
+//! misbehave on purpose, for tests of the fence engine (feature `testkit`).
+//!
+//! It holds every post and flush before handing it to the inner driver, and
+//! lets it through according to a program set through its [`FaultHandle`]:
+//!
+//! - per-lane ordering: an ordered lane releases operations in posting
+//!   order; an unordered lane releases any of its held operations, in a
+//!   seeded pseudo-random order (an operation carrying the transport fence
+//!   flag waits for everything before it on its lane);
+//! - completion timing: synchronous (inside `post`), on the next poll, after
+//!   N polls, or with lanes visited in a shuffled order;
+//! - injected errors on a chosen post or flush, and `NoResource`
+//!   back-pressure for the next N posts;
+//! - lane generation bumps (the lane is "replaced").
+//!
+//! A flush is released only when every operation posted before it on its
+//! lanes has been released and has completed at the inner driver, so it
+//! means what a flush means. The order in which operations took effect at
+//! the inner driver is recorded in an execution log, for tests to compare
+//! with a model.
+//!
+//! The inner driver should complete synchronously (the loopback driver in
+//! [`CompletionMode::Immediate`](crate::CompletionMode::Immediate)): the
+//! injector owns all timing. Completions the inner driver returns later are
+//! passed through.
+
+use crate::driver::{
+    Capabilities, Completion, Driver, DriverContext, DriverEp, DriverError, DriverMemKey,
+    DriverRkey, LaneMask, MemDesc, Op, OpKind, Posted, Token,
+};
+use ringfence_ring::Status;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// When held operations and flushes are released.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Timing {
+    /// Inside `post` and `flush` (nothing is held).
+    Synchronous,
+    /// At the next `poll`.
+    NextPoll,
+    /// After this many polls.
+    Delayed(u32),
+    /// At the next poll, visiting lanes (and endpoints) in a shuffled order.
+    Reordered,
+}
+
+/// One operation as it took effect at the inner driver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Executed {
+    /// The engine endpoint's driver handle.
+    pub ep: DriverEp,
+    /// The lane.
+    pub lane: u8,
+    /// What it was.
+    pub kind: OpKind,
+    /// Its remote address (0 for NOTIFY).
+    pub remote_addr: u64,
+    /// Its operand (the tag, for NOTIFY).
+    pub operand: u64,
+    /// Whether it carried the transport fence flag.
+    pub fence: bool,
+}
+
+#[derive(Debug)]
+struct Program {
+    timing: Timing,
+    unordered: LaneMask,
+    /// Fail the post whose number (0-based, counted over all posts) is the
+    /// key, with the status.
+    fail_posts: Vec<(u64, Status)>,
+    /// Fail the flush whose number is the key.
+    fail_flushes: Vec<(u64, Status)>,
+    no_resource: u32,
+    /// Lane generations, by endpoint handle and lane.
+    generations: HashMap<(u32, u8), u32>,
+    log: Vec<Executed>,
+    flush_log: Vec<(DriverEp, LaneMask)>,
+    seed: u64,
+}
+
+/// Programs a [`FaultInjector`] after it moved into a worker, and reads its
+/// execution log.
+#[derive(Debug, Clone)]
+pub struct FaultHandle {
+    program: Arc<Mutex<Program>>,
+}
+
+impl FaultHandle {
+    fn program(&self) -> MutexGuard<'_, Program> {
+        self.program.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sets the completion timing (applies to what is posted from now on).
+    pub fn set_timing(&self, timing: Timing) {
+        self.program().timing = timing;
+    }
+
+    /// Marks lanes (by index, on every endpoint) unordered.
+    pub fn set_unordered(&self, lanes: LaneMask) {
+        self.program().unordered = lanes;
+    }
+
+    /// Fails post number `n` (0-based, over all posts) with `status`.
+    pub fn fail_post(&self, n: u64, status: Status) {
+        self.program().fail_posts.push((n, status));
+    }
+
+    /// Fails flush number `n` (0-based, over all flushes) with `status`.
+    pub fn fail_flush(&self, n: u64, status: Status) {
+        self.program().fail_flushes.push((n, status));
+    }
+
+    /// Answers `NoResource` to the next `n` posts.
+    pub fn no_resource(&self, n: u32) {
+        self.program().no_resource = n;
+    }
+
+    /// Replaces `lane` of `ep` (bumps its generation), at once.
+    pub fn bump_generation(&self, ep: DriverEp, lane: u8) {
+        *self.program().generations.entry((ep.0, lane)).or_insert(0) += 1;
+    }
+
+    /// The operations that took effect so far, in order.
+    pub fn log(&self) -> Vec<Executed> {
+        self.program().log.clone()
+    }
+
+    /// Every flush started so far: endpoint handle and lane mask, in order.
+    pub fn flushes(&self) -> Vec<(DriverEp, LaneMask)> {
+        self.program().flush_log.clone()
+    }
+
+    /// Seeds the shuffles of unordered lanes and `Reordered` timing.
+    pub fn seed(&self, seed: u64) {
+        self.program().seed = seed | 1;
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    op: Op,
+    token: Token,
+    seq: u64,
+    release_at: u64,
+    /// An injected failure: completes with it instead of executing.
+    fail: Option<Status>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct HeldFlush {
+    ep: DriverEp,
+    lanes: LaneMask,
+    token: Token,
+    /// Every operation with a smaller sequence number on `lanes` must be done.
+    seq: u64,
+    release_at: u64,
+    fail: Option<Status>,
+}
+
+/// The fault-injecting driver wrapper; see the module docs.
+#[derive(Debug)]
+pub struct FaultInjector<D: Driver> {
+    inner: D,
+    program: Arc<Mutex<Program>>,
+    /// Held operations per endpoint handle and lane.
+    held: Vec<Vec<VecDeque<Held>>>,
+    flushes: VecDeque<HeldFlush>,
+    ready: VecDeque<Completion>,
+    posts: u64,
+    flush_count: u64,
+    polls: u64,
+    seq: u64,
+    rng: u64,
+}
+
+impl<D: Driver> FaultInjector<D> {
+    /// Wraps `inner`; the handle programs it.
+    pub fn new(inner: D) -> (FaultInjector<D>, FaultHandle) {
+        let program = Arc::new(Mutex::new(Program {
+            timing: Timing::NextPoll,
+            unordered: 0,
+            fail_posts: Vec::new(),
+            fail_flushes: Vec::new(),
+            no_resource: 0,
+            generations: HashMap::new(),
+            log: Vec::new(),
+            flush_log: Vec::new(),
+            seed: 0x9e37_79b9_7f4a_7c15,
+        }));
+        let injector = FaultInjector {
+            inner,
+            program: program.clone(),
+            held: Vec::new(),
+            flushes: VecDeque::new(),
+            ready: VecDeque::new(),
+            posts: 0,
+            flush_count: 0,
+            polls: 0,
+            seq: 0,
+            rng: 0,
+        };
+        (injector, FaultHandle { program })
+    }
+
+    fn program(&self) -> MutexGuard<'_, Program> {
+        self.program.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn next_random(&mut self) -> u64 {
+        if self.rng == 0 {
+            let seed = self.program().seed;
+            self.rng = seed;
+        }
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        self.rng
+    }
+
+    fn delay(&self, timing: Timing) -> u64 {
+        match timing {
+            Timing::Synchronous => 0,
+            Timing::NextPoll | Timing::Reordered => 1,
+            Timing::Delayed(n) => u64::from(n.max(1)),
+        }
+    }
+
+    /// Executes one held operation at the inner driver; logs it on success.
+    fn execute(&mut self, ep: DriverEp, held: Held) -> Option<Completion> {
+        if let Some(status) = held.fail {
+            return Some(Completion {
+                token: held.token,
+                result: Err(status),
+            });
+        }
+        match self.inner.post(ep, &held.op, held.token) {
+            Posted::Done(result) => {
+                if result.is_ok() {
+                    self.log(ep, &held.op);
+                }
+                Some(Completion {
+                    token: held.token,
+                    result,
+                })
+            }
+            Posted::InFlight => None,
+            Posted::NoResource => Some(Completion {
+                token: held.token,
+                result: Err(Status::NoResource),
+            }),
+        }
+    }
+
+    fn log(&self, ep: DriverEp, op: &Op) {
+        let remote_addr = op.remote.map_or(0, |(_, addr)| addr);
+        self.program().log.push(Executed {
+            ep,
+            lane: op.lane,
+            kind: op.kind,
+            remote_addr,
+            operand: op.operand,
+            fence: op.fence,
+        });
+    }
+
+    /// Releases what is due from one lane into `out`.
+    fn release_lane(
+        &mut self,
+        ep: usize,
+        lane: usize,
+        unordered: bool,
+        out: &mut [Completion],
+        n: &mut usize,
+    ) {
+        while *n < out.len() {
+            let queue = &self.held[ep][lane];
+            // Eligible: due, and not behind a fence-flagged op (unordered),
+            // or simply the head (ordered).
+            let candidates = if unordered {
+                let fence_at = queue
+                    .iter()
+                    .skip(1)
+                    .position(|h| h.op.fence)
+                    .map_or(queue.len(), |i| i + 1);
+                queue
+                    .iter()
+                    .take(fence_at)
+                    .filter(|h| h.release_at <= self.polls)
+                    .count()
+            } else {
+                usize::from(queue.front().is_some_and(|h| h.release_at <= self.polls))
+            };
+            if candidates == 0 {
+                break;
+            }
+            let pick = if unordered {
+                let k = (self.next_random() % candidates as u64) as usize;
+                let queue = &self.held[ep][lane];
+                queue
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, h)| h.release_at <= self.polls)
+                    .nth(k)
+                    .map(|(i, _)| i)
+                    .unwrap_or(0)
+            } else {
+                0
+            };
+            let held = self.held[ep][lane]
+                .remove(pick)
+                .expect("picked index exists");
+            if let Some(c) = self.execute(DriverEp(ep as u32), held) {
+                if c.result == Err(Status::NoResource) {
+                    // The inner driver is full: keep it, in place, for later.
+                    self.held[ep][lane].insert(pick, held);
+                    break;
+                }
+                out[*n] = c;
+                *n += 1;
+            }
+        }
+    }
+}
+
+impl<D: Driver> Driver for FaultInjector<D> {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let mut caps = self.inner.capabilities();
+        caps.ordered_lanes = caps.ordered_lanes && self.program().unordered == 0;
+        caps
+    }
+
+    fn attach(&mut self, ctx: DriverContext) {
+        self.inner.attach(ctx);
+    }
+
+    fn address(&self) -> Vec<u8> {
+        self.inner.address()
+    }
+
+    fn connect(&mut self, peer: &[u8], lanes: u8) -> Result<DriverEp, DriverError> {
+        let ep = self.inner.connect(peer, lanes)?;
+        let index = ep.0 as usize;
+        if self.held.len() <= index {
+            self.held.resize_with(index + 1, Vec::new);
+        }
+        self.held[index] = (0..lanes).map(|_| VecDeque::with_capacity(1024)).collect();
+        Ok(ep)
+    }
+
+    fn disconnect(&mut self, ep: DriverEp) {
+        if let Some(lanes) = self.held.get_mut(ep.0 as usize) {
+            for queue in lanes.iter_mut() {
+                self.ready.extend(queue.drain(..).map(|h| Completion {
+                    token: h.token,
+                    result: Err(Status::Canceled),
+                }));
+            }
+        }
+        let (gone, kept): (Vec<_>, Vec<_>) = self.flushes.drain(..).partition(|f| f.ep == ep);
+        self.flushes = kept.into();
+        self.ready.extend(gone.into_iter().map(|f| Completion {
+            token: f.token,
+            result: Err(Status::Canceled),
+        }));
+        self.inner.disconnect(ep);
+    }
+
+    fn register(&mut self, mem: &MemDesc) -> Result<DriverMemKey, DriverError> {
+        self.inner.register(mem)
+    }
+
+    fn deregister(&mut self, key: DriverMemKey) {
+        self.inner.deregister(key);
+    }
+
+    fn pack_rkey(&self, key: DriverMemKey) -> Result<Vec<u8>, DriverError> {
+        self.inner.pack_rkey(key)
+    }
+
+    fn unpack_rkey(&mut self, ep: DriverEp, blob: &[u8]) -> Result<DriverRkey, DriverError> {
+        self.inner.unpack_rkey(ep, blob)
+    }
+
+    fn post(&mut self, ep: DriverEp, op: &Op, token: Token) -> Posted {
+        let (timing, fail) = {
+            let mut p = self.program();
+            if p.no_resource > 0 {
+                p.no_resource -= 1;
+                return Posted::NoResource;
+            }
+            let n = self.posts;
+            let fail = p
+                .fail_posts
+                .iter()
+                .position(|(k, _)| *k == n)
+                .map(|i| p.fail_posts.remove(i).1);
+            (p.timing, fail)
+        };
+        self.posts += 1;
+        if timing == Timing::Synchronous {
+            if let Some(status) = fail {
+                return Posted::Done(Err(status));
+            }
+            let posted = self.inner.post(ep, op, token);
+            if matches!(posted, Posted::Done(Ok(_))) {
+                self.log(ep, op);
+            }
+            return posted;
+        }
+        let release_at = self.polls + self.delay(timing);
+        let Some(queue) = self
+            .held
+            .get_mut(ep.0 as usize)
+            .and_then(|l| l.get_mut(op.lane as usize))
+        else {
+            return Posted::Done(Err(Status::InvalidArgument));
+        };
+        self.seq += 1;
+        queue.push_back(Held {
+            op: *op,
+            token,
+            seq: self.seq,
+            release_at,
+            fail,
+        });
+        Posted::InFlight
+    }
+
+    fn flush(&mut self, ep: DriverEp, lanes: LaneMask, token: Token) -> Posted {
+        let (timing, fail) = {
+            let mut p = self.program();
+            p.flush_log.push((ep, lanes));
+            let n = self.flush_count;
+            let fail = p
+                .fail_flushes
+                .iter()
+                .position(|(k, _)| *k == n)
+                .map(|i| p.fail_flushes.remove(i).1);
+            (p.timing, fail)
+        };
+        self.flush_count += 1;
+        if timing == Timing::Synchronous {
+            // Nothing is held in this mode: everything posted has executed.
+            return match fail {
+                Some(status) => Posted::Done(Err(status)),
+                None => self.inner.flush(ep, lanes, token),
+            };
+        }
+        let release_at = self.polls + self.delay(timing);
+        self.flushes.push_back(HeldFlush {
+            ep,
+            lanes,
+            token,
+            seq: self.seq,
+            release_at,
+            fail,
+        });
+        Posted::InFlight
+    }
+
+    fn poll(&mut self, out: &mut [Completion]) -> usize {
+        self.polls += 1;
+        let mut n = 0;
+        while n < out.len() {
+            let Some(c) = self.ready.pop_front() else {
+                break;
+            };
+            out[n] = c;
+            n += 1;
+        }
+        n += self.inner.poll(&mut out[n..]);
+        let (timing, unordered) = {
+            let p = self.program();
+            (p.timing, p.unordered)
+        };
+        let eps = self.held.len();
+        let start = if timing == Timing::Reordered {
+            self.next_random() as usize
+        } else {
+            0
+        };
+        for k in 0..eps {
+            let ep = (k + start) % eps.max(1);
+            let lanes = self.held[ep].len();
+            let lane_start = if timing == Timing::Reordered {
+                self.next_random() as usize
+            } else {
+                0
+            };
+            for j in 0..lanes {
+                let lane = (j + lane_start) % lanes;
+                self.release_lane(ep, lane, unordered & (1 << lane) != 0, out, &mut n);
+            }
+        }
+        // Flushes whose lanes hold nothing older than them.
+        let mut i = 0;
+        while i < self.flushes.len() && n < out.len() {
+            let f = self.flushes[i];
+            let lanes = self.held.get(f.ep.0 as usize);
+            let clear = lanes.is_none_or(|lanes| {
+                lanes
+                    .iter()
+                    .enumerate()
+                    .all(|(l, q)| f.lanes & (1 << l) == 0 || q.iter().all(|h| h.seq > f.seq))
+            });
+            if clear && f.release_at <= self.polls {
+                self.flushes.remove(i);
+                let result = match f.fail {
+                    Some(status) => Err(status),
+                    None => match self.inner.flush(f.ep, f.lanes, f.token) {
+                        Posted::Done(result) => result,
+                        // The inner driver completes it later, through poll.
+                        Posted::InFlight => continue,
+                        Posted::NoResource => Err(Status::NoResource),
+                    },
+                };
+                out[n] = Completion {
+                    token: f.token,
+                    result,
+                };
+                n += 1;
+            } else {
+                i += 1;
+            }
+        }
+        n
+    }
+
+    fn lane_ordered(&self, ep: DriverEp, lane: u8) -> bool {
+        self.program().unordered & (1 << lane) == 0 && self.inner.lane_ordered(ep, lane)
+    }
+
+    fn lane_generation(&self, ep: DriverEp, lane: u8) -> u32 {
+        self.program()
+            .generations
+            .get(&(ep.0, lane))
+            .copied()
+            .unwrap_or(0)
+    }
+}

@@ -1,0 +1,1092 @@
+//! The fence engine against FENCE.md, over the loopback driver wrapped in a
+//! `FaultInjector`: one named test per rule family and per review warning
+//! (W1–W6), memory-effect tests on out-of-order lanes, and a model-based
+//! property test.
+
+use proptest::prelude::*;
+use ringfence::{
+    CompletionMode, DriverEp, EndpointId, FaultHandle, FaultInjector, Loopback, OpKind, QueuePair,
+    RegisteredBuf, RkeyId, Timing, Worker,
+};
+use ringfence_ring::{CloseMode, Cqe, FenceMode, RemoteBuf, Sqe, Status};
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+const BIG: u32 = 1024;
+const SLOT: u64 = 1024;
+const HANG: Duration = Duration::from_secs(60);
+
+/// An initiator whose driver is a FaultInjector over loopback, connected to
+/// `endpoints` targets; each target exposes a window of `slots` slots.
+struct Rig {
+    _targets: Vec<Worker>,
+    initiator: Worker,
+    fault: FaultHandle,
+    windows: Vec<RegisteredBuf>,
+    eps: Vec<(EndpointId, RkeyId)>,
+    src: RegisteredBuf,
+    qp: QueuePair,
+}
+
+fn rig(lanes: u8, endpoints: usize, timing: Timing, cq: u32) -> Rig {
+    let (injector, fault) = FaultInjector::new(Loopback::with_mode(CompletionMode::Immediate));
+    fault.set_timing(timing);
+    let initiator = Worker::builder()
+        .driver(injector)
+        .lanes(lanes)
+        .bw_threshold(BIG)
+        .ring_entries(1024, cq)
+        .requests(2048)
+        .ignore_env()
+        .build()
+        .unwrap();
+    let mut targets = Vec::new();
+    let mut windows = Vec::new();
+    let mut eps = Vec::new();
+    for _ in 0..endpoints {
+        let t = Worker::builder()
+            .driver(Loopback::new())
+            .ignore_env()
+            .build()
+            .unwrap();
+        let w = t.alloc_registered(512 * SLOT as usize).unwrap();
+        let ep = initiator.connect(t.address()).unwrap();
+        let rkey = initiator
+            .unpack_rkey(ep, &t.pack_rkey(w.handle()).unwrap())
+            .unwrap();
+        targets.push(t);
+        windows.push(w);
+        eps.push((ep, rkey));
+    }
+    let src = initiator.alloc_registered(4 * SLOT as usize).unwrap();
+    src.write(0, &[0xaa; BIG as usize]);
+    src.write(BIG as usize, &[0xbb; BIG as usize]);
+    let qp = initiator.create_queue().unwrap();
+    Rig {
+        _targets: targets,
+        initiator,
+        fault,
+        windows,
+        eps,
+        src,
+        qp,
+    }
+}
+
+impl Rig {
+    fn ep(&self, e: usize) -> u32 {
+        self.eps[e].0.as_raw()
+    }
+
+    fn remote(&self, e: usize, slot: u64) -> RemoteBuf {
+        RemoteBuf {
+            rkey: self.eps[e].1.as_raw(),
+            addr: self.windows[e].addr() + slot * SLOT,
+        }
+    }
+
+    /// A PUT of 8 bytes (lane 0) or of `BIG` bytes (a bandwidth lane) of the
+    /// A (0xaa) or B (0xbb) pattern.
+    fn put(&self, e: usize, slot: u64, big: bool, b: bool) -> Sqe {
+        let len = if big { BIG } else { 8 };
+        Sqe::put(
+            self.ep(e),
+            self.src.local(if b { u64::from(BIG) } else { 0 }),
+            self.remote(e, slot),
+            len,
+        )
+    }
+
+    fn submit(&mut self, sqes: &[Sqe]) {
+        let mut done = 0;
+        while done < sqes.len() {
+            done += self.qp.push_batch(&sqes[done..]).unwrap();
+            self.qp.submit();
+            if done < sqes.len() {
+                self.initiator.progress();
+            }
+        }
+    }
+
+    /// Progress until `n` CQEs arrived.
+    fn drain(&mut self, n: usize) -> Vec<Cqe> {
+        let deadline = Instant::now() + HANG;
+        let mut out = Vec::new();
+        while out.len() < n {
+            self.initiator.progress();
+            while let Some(c) = self.qp.pop().unwrap() {
+                out.push(c);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "hung at {} of {n} CQEs",
+                out.len()
+            );
+        }
+        for _ in 0..5 {
+            self.initiator.progress();
+        }
+        assert_eq!(
+            self.qp.pop().unwrap(),
+            None,
+            "more CQEs than submitted SQEs"
+        );
+        out
+    }
+
+    fn run(&mut self, sqes: &[Sqe]) -> Vec<Cqe> {
+        let sqes: Vec<Sqe> = sqes
+            .iter()
+            .enumerate()
+            .map(|(i, s)| s.with_user_data(i as u64))
+            .collect();
+        self.submit(&sqes);
+        let mut cqes = self.drain(sqes.len());
+        cqes.sort_by_key(|c| c.user_data);
+        cqes
+    }
+
+    fn byte_at(&self, e: usize, slot: u64) -> u8 {
+        let mut b = [0u8; 1];
+        self.windows[e].read((slot * SLOT) as usize, &mut b);
+        b[0]
+    }
+
+    fn stats(&self, e: usize) -> ringfence::Stats {
+        self.initiator.endpoint_stats(self.eps[e].0).unwrap()
+    }
+}
+
+fn strong(ep: u32) -> Sqe {
+    Sqe::fence(ep, FenceMode::STRONG)
+}
+
+fn weak(ep: u32) -> Sqe {
+    Sqe::fence(ep, FenceMode::WEAK)
+}
+
+fn all_ok(cqes: &[Cqe]) {
+    for c in cqes {
+        assert!(
+            c.res >= 0,
+            "{}: {}",
+            c.user_data,
+            ringfence_ring::strerror(c.res)
+        );
+    }
+}
+
+// ---------------------------------------------------------------- §2 fences
+
+#[test]
+fn r5_a_fence_completes_at_once_and_orders() {
+    let mut r = rig(3, 1, Timing::Delayed(5), 256);
+    let ep = r.ep(0);
+    let sqes = [
+        r.put(0, 0, true, false),
+        strong(ep).with_user_data(1),
+        r.put(0, 0, true, true),
+    ];
+    let sqes: Vec<Sqe> = sqes
+        .iter()
+        .enumerate()
+        .map(|(i, s)| s.with_user_data(i as u64))
+        .collect();
+    r.submit(&sqes);
+    r.initiator.progress();
+    // The fence's CQE comes before the PUTs finish.
+    let first = r.qp.pop().unwrap().expect("the fence completes at once");
+    assert_eq!((first.user_data, first.res), (1, 0));
+    all_ok(&r.drain(2));
+    assert_eq!(r.byte_at(0, 0), 0xbb);
+}
+
+#[test]
+fn r7_put_fence_put_same_address_across_unordered_lanes_ends_with_b() {
+    // Lanes deliver out of order (shuffled, unordered): without the fence B
+    // can land first; with it, never.
+    let mut b_first_without_fence = 0;
+    for seed in 0..100u64 {
+        for fenced in [true, false] {
+            let mut r = rig(3, 1, Timing::Reordered, 256);
+            r.fault.set_unordered(0b110);
+            r.fault.seed(seed);
+            let ep = r.ep(0);
+            let mut sqes = vec![r.put(0, 0, true, false)];
+            if fenced {
+                sqes.push(strong(ep));
+            }
+            sqes.push(r.put(0, 0, true, true));
+            all_ok(&r.run(&sqes));
+            let log = r.fault.log();
+            let lanes: Vec<u8> = log.iter().map(|x| x.lane).collect();
+            assert_eq!(lanes.len(), 2);
+            assert_ne!(lanes[0], lanes[1], "A and B travel on two lanes");
+            if fenced {
+                assert_eq!(r.byte_at(0, 0), 0xbb, "seed {seed}: the later PUT must win");
+            } else if r.byte_at(0, 0) == 0xaa {
+                b_first_without_fence += 1;
+            }
+        }
+    }
+    assert!(
+        b_first_without_fence > 0,
+        "the lanes never reordered: the test would prove nothing"
+    );
+}
+
+#[test]
+fn r8_weak_fence_on_one_ordered_lane_is_a_fence_flag_not_a_flush() {
+    let mut r = rig(1, 1, Timing::NextPoll, 256);
+    let ep = r.ep(0);
+    all_ok(&r.run(&[
+        r.put(0, 0, false, false),
+        weak(ep),
+        r.put(0, 0, false, true),
+    ]));
+    let s = r.stats(0);
+    assert_eq!((s.weak_fences, s.flushes), (1, 0));
+    let log = r.fault.log();
+    assert_eq!(
+        log.iter().map(|x| x.fence).collect::<Vec<_>>(),
+        vec![false, true],
+        "the flag rides on the next op"
+    );
+    assert_eq!(r.byte_at(0, 0), 0xbb);
+}
+
+#[test]
+fn r9_strong_fence_flushes_exactly_the_dirty_lanes() {
+    let mut r = rig(4, 1, Timing::NextPoll, 256);
+    let ep = r.ep(0);
+    // Big PUTs go to lanes 1 and 2; the fence must flush {1, 2}, not lane 0
+    // or 3; a weak fence across two lanes becomes strong too.
+    all_ok(&r.run(&[
+        r.put(0, 0, true, false),
+        r.put(0, 1, true, false),
+        weak(ep),
+        r.put(0, 2, false, true),
+    ]));
+    assert_eq!(
+        r.fault.flushes().iter().map(|f| f.1).collect::<Vec<_>>(),
+        vec![0b0110]
+    );
+    assert_eq!(r.stats(0).weak_fences, 0);
+    // The same lane, but unordered: strong as well (R9).
+    let mut r = rig(1, 1, Timing::NextPoll, 256);
+    r.fault.set_unordered(0b1);
+    let ep = r.ep(0);
+    all_ok(&r.run(&[
+        r.put(0, 0, false, false),
+        weak(ep),
+        r.put(0, 0, false, true),
+    ]));
+    assert_eq!((r.stats(0).weak_fences, r.stats(0).flushes), (0, 1));
+}
+
+#[test]
+fn r10_a_fence_with_nothing_outstanding_is_free() {
+    let mut r = rig(4, 1, Timing::NextPoll, 256);
+    let ep = r.ep(0);
+    all_ok(&r.run(&[strong(ep), weak(ep), strong(ep), r.put(0, 0, true, false)]));
+    let s = r.stats(0);
+    assert_eq!((s.flushes, s.weak_fences, s.fences), (0, 0, 3));
+    assert!(r.fault.flushes().is_empty());
+}
+
+#[test]
+fn r11_a_fence_storm_collapses_into_one_boundary() {
+    let mut r = rig(4, 1, Timing::NextPoll, 2048);
+    let ep = r.ep(0);
+    let mut sqes = vec![r.put(0, 0, true, false), r.put(0, 1, true, false)];
+    sqes.extend((0..500).map(|i| if i % 2 == 0 { strong(ep) } else { weak(ep) }));
+    sqes.push(r.put(0, 2, true, true));
+    all_ok(&r.run(&sqes));
+    assert_eq!(r.fault.flushes().len(), 1, "500 fences, one flush");
+}
+
+// ---------------------------------------------------------------- §3 epochs
+
+#[test]
+fn r13_r16_r18_later_requests_wait_in_order_behind_the_one_flush_in_flight() {
+    let mut r = rig(4, 1, Timing::Delayed(3), 1024);
+    let ep = r.ep(0);
+    let mut sqes = vec![r.put(0, 0, true, false)];
+    for round in 1..=3u64 {
+        sqes.push(strong(ep));
+        sqes.extend((0..10).map(|k| r.put(0, round * 16 + k, k % 2 == 0, true)));
+    }
+    all_ok(&r.run(&sqes));
+    // Three boundaries, three flushes, each after everything before it.
+    assert_eq!(r.fault.flushes().len(), 3);
+    let log = r.fault.log();
+    let round_of = |x: &ringfence::Executed| (x.remote_addr - r.windows[0].addr()) / SLOT / 16;
+    let rounds: Vec<u64> = log.iter().map(round_of).collect();
+    assert!(
+        rounds.windows(2).all(|w| w[0] <= w[1]),
+        "effects crossed a fence: {rounds:?}"
+    );
+    assert!(r.stats(0).deferrals >= 30);
+}
+
+#[test]
+fn r16_r45_other_endpoints_keep_flowing_while_one_waits_on_its_flush() {
+    let mut r = rig(4, 2, Timing::Delayed(10), 256);
+    let (a, b) = (r.ep(0), r.ep(1));
+    let mut sqes = vec![
+        r.put(0, 0, true, false),
+        strong(a),
+        r.put(0, 1, true, true).with_user_data(100),
+    ];
+    sqes.extend((0..5).map(|k| r.put(1, k, true, true).with_user_data(200 + k)));
+    let sqes: Vec<Sqe> = sqes
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            if s.user_data == 0 {
+                s.with_user_data(i as u64)
+            } else {
+                *s
+            }
+        })
+        .collect();
+    r.submit(&sqes);
+    let cqes = r.drain(sqes.len());
+    let pos = |ud: u64| cqes.iter().position(|c| c.user_data == ud).unwrap();
+    for k in 0..5 {
+        assert!(
+            pos(200 + k) < pos(100),
+            "endpoint B waited for endpoint A's fence"
+        );
+    }
+    let _ = b;
+}
+
+// ---------------------------------------------------------------- §4 flush
+
+#[test]
+fn r21_r23_a_user_flush_covers_deferred_requests_and_not_later_ones() {
+    let mut r = rig(4, 1, Timing::Delayed(3), 256);
+    let ep = r.ep(0);
+    let sqes = [
+        r.put(0, 0, true, false).with_user_data(1),
+        strong(ep).with_user_data(2),
+        r.put(0, 1, true, false).with_user_data(3), // deferred behind the fence
+        Sqe::flush(ep).with_user_data(4),
+    ];
+    r.submit(&sqes);
+    // Run until the FLUSH is posted, then make everything later slow.
+    let deadline = Instant::now() + HANG;
+    while r.fault.flushes().len() < 2 {
+        r.initiator.progress();
+        assert!(Instant::now() < deadline);
+    }
+    r.fault.set_timing(Timing::Delayed(1_000_000));
+    r.submit(&[r.put(0, 2, true, true).with_user_data(5)]);
+    let mut seen = Vec::new();
+    while !seen.iter().any(|c: &Cqe| c.user_data == 4) {
+        r.initiator.progress();
+        while let Some(c) = r.qp.pop().unwrap() {
+            seen.push(c);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the flush waited for a later PUT"
+        );
+    }
+    let log = r.fault.log();
+    let slots: Vec<u64> = log
+        .iter()
+        .map(|x| (x.remote_addr - r.windows[0].addr()) / SLOT)
+        .collect();
+    assert!(
+        slots.contains(&0) && slots.contains(&1),
+        "the flush came before earlier PUTs landed: {slots:?}"
+    );
+    assert!(!slots.contains(&2));
+}
+
+#[test]
+fn r24_an_empty_flush_completes_at_once_without_the_driver() {
+    let mut r = rig(2, 1, Timing::Delayed(5), 256);
+    let ep = r.ep(0);
+    all_ok(&r.run(&[Sqe::flush(ep)]));
+    assert!(r.fault.flushes().is_empty());
+}
+
+// ---------------------------------------------------------------- §6 errors
+
+#[test]
+fn r33_error_during_an_in_flight_fence_flush_with_1000_deferred_requests() {
+    let mut r = rig(4, 1, Timing::Delayed(2), 2048);
+    r.fault.fail_flush(0, Status::Transport);
+    let ep = r.ep(0);
+    let mut sqes = vec![r.put(0, 0, true, false), strong(ep)];
+    sqes.extend((0..1000).map(|k| r.put(0, 1 + k % 400, k % 3 == 0, true)));
+    let sqes: Vec<Sqe> = sqes
+        .iter()
+        .enumerate()
+        .map(|(i, s)| s.with_user_data(i as u64))
+        .collect();
+    r.submit(&sqes);
+    let cqes = r.drain(sqes.len());
+    // The 1000 deferred requests fail with the flush's error, in FIFO order.
+    let deferred: Vec<&Cqe> = cqes.iter().filter(|c| c.user_data >= 2).collect();
+    assert_eq!(deferred.len(), 1000);
+    assert!(deferred.iter().all(|c| c.res == Status::Transport.as_raw()));
+    assert!(
+        deferred.windows(2).all(|w| w[0].user_data < w[1].user_data),
+        "purge not in FIFO order"
+    );
+    // Sticky: later submissions fail at once with the first error.
+    let later = r.run(&[r.put(0, 0, false, false), Sqe::flush(ep)]);
+    assert!(later.iter().all(|c| c.res == Status::Transport.as_raw()));
+    // R34: a fence on the failed endpoint is accepted.
+    assert_eq!(r.run(&[strong(ep)])[0].res, 0);
+}
+
+#[test]
+fn r31_r35_a_failed_post_completes_once_and_only_that_operation_fails() {
+    let mut r = rig(2, 1, Timing::NextPoll, 256);
+    r.fault.fail_post(1, Status::AccessDenied);
+    let cqes = r.run(&[
+        r.put(0, 0, false, false),
+        r.put(0, 1, false, false),
+        r.put(0, 2, false, false),
+    ]);
+    let res: Vec<i32> = cqes.iter().map(|c| c.res).collect();
+    assert_eq!(res, vec![8, Status::AccessDenied.as_raw(), 8]);
+}
+
+#[test]
+fn r19_no_resource_sends_the_head_back_to_the_head_of_the_queue() {
+    let mut r = rig(3, 1, Timing::NextPoll, 256);
+    r.fault.no_resource(7);
+    let ep = r.ep(0);
+    let sqes: Vec<Sqe> = (0..20)
+        .map(|k| {
+            if k == 10 {
+                strong(ep)
+            } else {
+                r.put(0, k, true, k > 10)
+            }
+        })
+        .collect();
+    all_ok(&r.run(&sqes));
+    let log = r.fault.log();
+    let slots: Vec<u64> = log
+        .iter()
+        .map(|x| (x.remote_addr - r.windows[0].addr()) / SLOT)
+        .collect();
+    assert_eq!(slots.len(), 19);
+    // Per lane, posting order is kept under back-pressure ...
+    for lane in 0..3 {
+        let on_lane: Vec<u64> = log
+            .iter()
+            .filter(|x| x.lane == lane)
+            .map(|x| (x.remote_addr - r.windows[0].addr()) / SLOT)
+            .collect();
+        assert!(
+            on_lane.windows(2).all(|w| w[0] < w[1]),
+            "lane {lane}: {on_lane:?}"
+        );
+    }
+    // ... and nothing after the fence took effect before what came before it.
+    let first_after = slots.iter().position(|&s| s > 10).unwrap();
+    assert_eq!(first_after, 10, "an op crossed the fence: {slots:?}");
+}
+
+// ---------------------------------------------------------------- §7 generations
+
+#[test]
+fn r38_a_lane_replaced_while_dirty_widens_the_flush_to_every_lane() {
+    let mut r = rig(4, 1, Timing::NextPoll, 256);
+    let ep = r.ep(0);
+    all_ok(&r.run(&[r.put(0, 0, true, false)]));
+    r.fault.bump_generation(DriverEp(0), 1);
+    all_ok(&r.run(&[strong(ep), r.put(0, 1, true, true)]));
+    assert_eq!(
+        r.fault.flushes().iter().map(|f| f.1).collect::<Vec<_>>(),
+        vec![0b1111]
+    );
+}
+
+#[test]
+fn r39_a_lane_replaced_during_the_flush_is_flushed_again_before_the_epoch_moves() {
+    let mut r = rig(4, 1, Timing::Delayed(3), 256);
+    let ep = r.ep(0);
+    r.submit(&[
+        r.put(0, 0, true, false).with_user_data(0),
+        strong(ep).with_user_data(1),
+        r.put(0, 1, true, true).with_user_data(2),
+    ]);
+    let deadline = Instant::now() + HANG;
+    while r.fault.flushes().is_empty() {
+        r.initiator.progress();
+        assert!(Instant::now() < deadline);
+    }
+    r.fault.bump_generation(DriverEp(0), 1);
+    all_ok(&r.drain(3));
+    let masks: Vec<u64> = r.fault.flushes().iter().map(|f| f.1).collect();
+    assert_eq!(
+        masks,
+        vec![0b0010, 0b1111],
+        "the replaced lane's flush is repeated, widened"
+    );
+    assert_eq!(r.byte_at(0, 1), 0xbb);
+}
+
+// ---------------------------------------------------------------- §8 close
+
+#[test]
+fn r41_a_graceful_close_drains_flushes_and_completes_last() {
+    let mut r = rig(4, 1, Timing::Delayed(2), 256);
+    let ep = r.ep(0);
+    let sqes = [
+        r.put(0, 0, true, false),
+        strong(ep),
+        r.put(0, 1, true, true),
+        Sqe::close(ep, CloseMode::GRACEFUL),
+    ];
+    let sqes: Vec<Sqe> = sqes
+        .iter()
+        .enumerate()
+        .map(|(i, s)| s.with_user_data(i as u64))
+        .collect();
+    r.submit(&sqes);
+    let cqes = r.drain(4);
+    all_ok(&cqes);
+    assert_eq!(
+        cqes.last().unwrap().user_data,
+        3,
+        "the close CQE comes last"
+    );
+    assert_eq!(r.byte_at(0, 1), 0xbb);
+    // R43: nothing is accepted after a close.
+    let after = r.run(&[r.put(0, 0, false, false), strong(ep)]);
+    assert!(
+        after
+            .iter()
+            .all(|c| c.res == Status::EndpointClosed.as_raw()),
+        "{after:?}"
+    );
+}
+
+#[test]
+fn r42_a_forced_close_cancels_the_queue_in_fifo_order() {
+    let mut r = rig(4, 1, Timing::Delayed(50), 256);
+    let ep = r.ep(0);
+    let mut sqes = vec![r.put(0, 0, true, false), strong(ep)];
+    sqes.extend((0..20).map(|k| r.put(0, 1 + k, true, true)));
+    let sqes: Vec<Sqe> = sqes
+        .iter()
+        .enumerate()
+        .map(|(i, s)| s.with_user_data(i as u64))
+        .collect();
+    r.submit(&sqes);
+    r.initiator.progress();
+    r.submit(&[Sqe::close(ep, CloseMode::FORCE).with_user_data(999)]);
+    let cqes = r.drain(sqes.len() + 1);
+    // The deferred requests (after the fence) are purged with CANCELED, in
+    // FIFO order; the posted one comes back through the driver.
+    let canceled: Vec<u64> = cqes
+        .iter()
+        .filter(|c| c.res == Status::Canceled.as_raw() && c.user_data >= 2 && c.user_data < 999)
+        .map(|c| c.user_data)
+        .collect();
+    assert_eq!(
+        canceled,
+        (2..22).collect::<Vec<_>>(),
+        "queued requests canceled in FIFO order"
+    );
+    assert_eq!(cqes.iter().find(|c| c.user_data == 999).unwrap().res, 0);
+    assert_eq!(
+        r.run(&[r.put(0, 0, false, false)])[0].res,
+        Status::EndpointClosed.as_raw()
+    );
+}
+
+#[test]
+fn r44_dropping_the_worker_with_fence_work_outstanding_cancels_it_all() {
+    let mut r = rig(4, 2, Timing::Delayed(100), 256);
+    let mut sqes = Vec::new();
+    for e in 0..2 {
+        let ep = r.ep(e);
+        sqes.extend([
+            r.put(e, 0, true, false),
+            strong(ep),
+            r.put(e, 1, true, true),
+            Sqe::flush(ep),
+        ]);
+    }
+    let sqes: Vec<Sqe> = sqes
+        .iter()
+        .enumerate()
+        .map(|(i, s)| s.with_user_data(i as u64))
+        .collect();
+    r.submit(&sqes);
+    r.initiator.progress();
+    let Rig {
+        initiator, mut qp, ..
+    } = r;
+    drop(initiator);
+    let mut ids = Vec::new();
+    while let Some(c) = qp.pop().unwrap() {
+        ids.push(c.user_data);
+    }
+    ids.sort_unstable();
+    assert_eq!(
+        ids,
+        (0..sqes.len() as u64).collect::<Vec<_>>(),
+        "exactly once each"
+    );
+}
+
+// ---------------------------------------------------------------- §9 ring
+
+#[test]
+fn r47_cq_full_exactly_when_an_epoch_completes() {
+    // 16 CQ entries; 200 requests wait behind one fence and become ready in
+    // the same round the flush completes.
+    let mut r = rig(4, 1, Timing::Delayed(4), 16);
+    let ep = r.ep(0);
+    let mut sqes = vec![r.put(0, 0, true, false), strong(ep)];
+    sqes.extend((0..200).map(|k| r.put(0, 1 + k % 300, false, true)));
+    let sqes: Vec<Sqe> = sqes
+        .iter()
+        .enumerate()
+        .map(|(i, s)| s.with_user_data(i as u64))
+        .collect();
+    r.submit(&sqes);
+    for _ in 0..200 {
+        r.initiator.progress();
+    }
+    assert!(r.qp.is_overflowed());
+    let mut got = HashMap::new();
+    let deadline = Instant::now() + HANG;
+    while got.len() < sqes.len() {
+        r.initiator.progress();
+        while let Some(c) = r.qp.pop().unwrap() {
+            assert!(
+                got.insert(c.user_data, c.res).is_none(),
+                "duplicate {}",
+                c.user_data
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "lost {} CQEs",
+            sqes.len() - got.len()
+        );
+    }
+    assert!(got.values().all(|&res| res >= 0));
+}
+
+// ---------------------------------------------------------------- W1-W6
+
+#[test]
+fn w1_a_flush_that_completes_synchronously_inside_its_own_start() {
+    let mut r = rig(4, 1, Timing::Synchronous, 256);
+    let ep = r.ep(0);
+    let mut sqes = Vec::new();
+    for k in 0..50 {
+        sqes.extend([
+            r.put(0, k, true, false),
+            r.put(0, k + 100, true, false),
+            strong(ep),
+            r.put(0, k, true, true),
+        ]);
+    }
+    all_ok(&r.run(&sqes));
+    assert_eq!(
+        r.fault.flushes().len(),
+        50,
+        "each boundary flushed once, inline"
+    );
+    assert_eq!(r.byte_at(0, 49), 0xbb);
+}
+
+#[test]
+fn w2_lanes_dirtied_after_a_flush_started_stay_dirty() {
+    let mut r = rig(4, 1, Timing::Delayed(3), 256);
+    let ep = r.ep(0);
+    // Flush 1 covers lane 1 only; lane 2 is written after it started (by
+    // the request it admits); flush 2 must cover lane 2, and not lane 1.
+    all_ok(&r.run(&[
+        r.put(0, 0, true, false),
+        strong(ep),
+        r.put(0, 1, true, true),
+        strong(ep),
+        r.put(0, 2, false, true),
+    ]));
+    assert_eq!(
+        r.fault.flushes().iter().map(|f| f.1).collect::<Vec<_>>(),
+        vec![0b0010, 0b0100]
+    );
+}
+
+#[test]
+fn w3_deferral_and_back_pressure_never_surface_as_a_status() {
+    let mut r = rig(3, 1, Timing::Delayed(2), 1024);
+    r.fault.no_resource(25);
+    let ep = r.ep(0);
+    let sqes: Vec<Sqe> = (0..300)
+        .map(|k| {
+            if k % 7 == 3 {
+                strong(ep)
+            } else {
+                r.put(0, k % 400, k % 2 == 0, true)
+            }
+        })
+        .collect();
+    let cqes = r.run(&sqes);
+    for c in &cqes {
+        assert!(c.res >= 0, "{}", ringfence_ring::strerror(c.res));
+    }
+}
+
+#[test]
+fn w4_a_straggler_blocked_before_the_snapshot_is_covered() {
+    // The op before the fence is refused by the driver (NO_RESOURCE) when
+    // it first tries; the boundary flush must not start without it (R17).
+    for blocked in 1..5 {
+        let mut r = rig(3, 1, Timing::NextPoll, 256);
+        r.fault.no_resource(blocked);
+        let ep = r.ep(0);
+        all_ok(&r.run(&[
+            r.put(0, 0, true, false),
+            strong(ep),
+            r.put(0, 0, true, true),
+        ]));
+        let log = r.fault.log();
+        assert_eq!(log.len(), 2);
+        assert_eq!(r.byte_at(0, 0), 0xbb, "blocked {blocked}: B overtook A");
+    }
+}
+
+#[test]
+fn w5_the_first_error_is_the_one_source_of_truth() {
+    let mut r = rig(3, 1, Timing::NextPoll, 256);
+    r.fault.fail_flush(0, Status::Timeout);
+    r.fault.fail_post(2, Status::Transport);
+    let ep = r.ep(0);
+    let cqes = r.run(&[
+        r.put(0, 0, true, false),
+        strong(ep),
+        r.put(0, 1, true, true),
+        r.put(0, 2, true, true),
+    ]);
+    assert_eq!(cqes[2].res, Status::Timeout.as_raw());
+    assert_eq!(cqes[3].res, Status::Timeout.as_raw());
+    // A later error does not replace the sticky first one.
+    assert_eq!(
+        r.run(&[r.put(0, 3, false, false)])[0].res,
+        Status::Timeout.as_raw()
+    );
+}
+
+// ---------------------------------------------------------------- model
+
+#[derive(Debug, Clone)]
+enum Step {
+    Put { ep: usize, big: bool },
+    Get { ep: usize },
+    Fadd { ep: usize },
+    Fence { ep: usize, strong: bool },
+    Flush { ep: usize },
+    Notify { ep: usize },
+    FailNextPost(bool),
+    FailNextFlush,
+    NoResource(u8),
+    Bump { ep: usize, lane: u8 },
+    Progress(u8),
+    Reap,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    let ep = 0usize..2;
+    prop_oneof![
+        8 => (ep.clone(), any::<bool>()).prop_map(|(ep, big)| Step::Put { ep, big }),
+        2 => ep.clone().prop_map(|ep| Step::Get { ep }),
+        2 => ep.clone().prop_map(|ep| Step::Fadd { ep }),
+        4 => (ep.clone(), any::<bool>()).prop_map(|(ep, strong)| Step::Fence { ep, strong }),
+        2 => ep.clone().prop_map(|ep| Step::Flush { ep }),
+        1 => ep.clone().prop_map(|ep| Step::Notify { ep }),
+        1 => any::<bool>().prop_map(Step::FailNextPost),
+        1 => Just(Step::FailNextFlush),
+        1 => (1u8..4).prop_map(Step::NoResource),
+        1 => (ep, 0u8..4).prop_map(|(ep, lane)| Step::Bump { ep, lane }),
+        3 => (1u8..4).prop_map(Step::Progress),
+        2 => Just(Step::Reap),
+    ]
+}
+
+fn timing() -> impl Strategy<Value = Timing> {
+    prop_oneof![
+        Just(Timing::Synchronous),
+        Just(Timing::NextPoll),
+        (1u32..5).prop_map(Timing::Delayed),
+        Just(Timing::Reordered),
+    ]
+}
+
+/// What the model knows of one submitted request.
+#[derive(Debug, Clone)]
+struct Model {
+    ep: usize,
+    /// Fence boundaries (fences and NOTIFYs) before it on its endpoint.
+    boundary: u64,
+    /// A lane operation (PUT, GET, ATOMIC, NOTIFY) with this identity, else
+    /// a FLUSH or a FENCE.
+    op: Option<u64>,
+    flush: bool,
+}
+
+fn run_model(
+    lanes: u8,
+    unordered: u64,
+    timing: Timing,
+    seed: u64,
+    steps: &[Step],
+) -> Result<(), TestCaseError> {
+    let mut r = rig(lanes, 2, timing, 64);
+    r.fault.set_unordered(unordered);
+    r.fault.seed(seed);
+    let mut target_qps: Vec<QueuePair> = r
+        ._targets
+        .iter()
+        .map(|t| t.create_queue().unwrap())
+        .collect();
+    let mut model: Vec<Model> = Vec::new();
+    let mut boundary = [0u64; 2];
+    let mut cqes: HashMap<u64, i32> = HashMap::new();
+    // For each FLUSH that succeeded: how many log entries existed when its
+    // CQE was seen.
+    let mut flush_seen: HashMap<u64, usize> = HashMap::new();
+    let mut posts = 0u64;
+    let mut flushes = 0u64;
+    let reap = |r: &mut Rig,
+                cqes: &mut HashMap<u64, i32>,
+                flush_seen: &mut HashMap<u64, usize>,
+                model: &[Model]|
+     -> Result<(), TestCaseError> {
+        while let Some(c) = r.qp.pop().unwrap() {
+            prop_assert!(
+                cqes.insert(c.user_data, c.res).is_none(),
+                "second CQE for {}",
+                c.user_data
+            );
+            if model[c.user_data as usize].flush && c.res >= 0 {
+                flush_seen.insert(c.user_data, r.fault.log().len());
+            }
+        }
+        Ok(())
+    };
+    for s in steps {
+        let id = model.len() as u64;
+        let slot = 1 + id % 400;
+        let sqe = match *s {
+            Step::Put { ep, big } => Some((ep, r.put(ep, slot, big, true), true, false)),
+            Step::Get { ep } => Some((
+                ep,
+                Sqe::get(r.ep(ep), r.src.local(2048), r.remote(ep, slot), 8),
+                true,
+                false,
+            )),
+            Step::Fadd { ep } => Some((
+                ep,
+                Sqe::atomic_fadd(r.ep(ep), r.src.local(3072), r.remote(ep, slot), 1),
+                true,
+                false,
+            )),
+            Step::Fence { ep, strong: s } => {
+                boundary[ep] += 1;
+                Some((
+                    ep,
+                    Sqe::fence(
+                        r.ep(ep),
+                        if s {
+                            FenceMode::STRONG
+                        } else {
+                            FenceMode::WEAK
+                        },
+                    ),
+                    false,
+                    false,
+                ))
+            }
+            Step::Flush { ep } => Some((ep, Sqe::flush(r.ep(ep)), false, true)),
+            Step::Notify { ep } => {
+                boundary[ep] += 1;
+                let mut n = Sqe::notify(r.ep(ep), r.src.local(0), 4);
+                n.operand = id;
+                Some((ep, n, true, false))
+            }
+            Step::FailNextPost(fatal) => {
+                r.fault.fail_post(
+                    posts,
+                    if fatal {
+                        Status::Transport
+                    } else {
+                        Status::AccessDenied
+                    },
+                );
+                None
+            }
+            Step::FailNextFlush => {
+                r.fault.fail_flush(flushes, Status::Transport);
+                None
+            }
+            Step::NoResource(n) => {
+                r.fault.no_resource(u32::from(n));
+                None
+            }
+            Step::Bump { ep, lane } => {
+                r.fault.bump_generation(DriverEp(ep as u32), lane % lanes);
+                None
+            }
+            Step::Progress(n) => {
+                for _ in 0..n {
+                    r.initiator.progress();
+                    for (t, q) in r._targets.iter().zip(target_qps.iter_mut()) {
+                        t.progress();
+                        while let Some(c) = q.pop().unwrap() {
+                            drop(q.notification(&c));
+                        }
+                    }
+                }
+                None
+            }
+            Step::Reap => {
+                reap(&mut r, &mut cqes, &mut flush_seen, &model)?;
+                None
+            }
+        };
+        if let Some((ep, sqe, is_op, is_flush)) = sqe {
+            model.push(Model {
+                ep,
+                boundary: boundary[ep],
+                op: is_op.then_some(id),
+                flush: is_flush,
+            });
+            r.submit(&[sqe.with_user_data(id)]);
+            posts = r.fault.log().len() as u64; // a rough cursor: injected failures hit a later post
+            flushes = r.fault.flushes().len() as u64;
+        }
+    }
+    let deadline = Instant::now() + HANG;
+    while cqes.len() < model.len() {
+        r.initiator.progress();
+        for (t, q) in r._targets.iter().zip(target_qps.iter_mut()) {
+            t.progress();
+            while let Some(c) = q.pop().unwrap() {
+                drop(q.notification(&c));
+            }
+        }
+        reap(&mut r, &mut cqes, &mut flush_seen, &model)?;
+        prop_assert!(
+            Instant::now() < deadline,
+            "{} of {} CQEs",
+            cqes.len(),
+            model.len()
+        );
+    }
+    // Statuses: success, or an injected error, or the sticky error of an
+    // endpoint failed by one.
+    for (id, res) in &cqes {
+        let ok = *res >= 0
+            || [Status::Transport, Status::AccessDenied]
+                .iter()
+                .any(|s| s.as_raw() == *res);
+        prop_assert!(ok, "{}: {}", id, ringfence_ring::strerror(*res));
+    }
+    // The order of effects at the targets respects every fence boundary.
+    let log = r.fault.log();
+    let id_of = |x: &ringfence::Executed| -> u64 {
+        if x.kind == OpKind::Notify {
+            x.operand
+        } else {
+            let e = x.ep.0 as usize;
+            (x.remote_addr - r.windows[e].addr()) / SLOT
+        }
+    };
+    // Map (endpoint, slot) -> model id for lane ops (slot = 1 + id % 400;
+    // cases have fewer than 400 steps, so slots are unique).
+    let by_slot: HashMap<(usize, u64), u64> = model
+        .iter()
+        .filter_map(|m| m.op.map(|id| ((m.ep, 1 + id % 400), id)))
+        .collect();
+    let mut position: HashMap<u64, usize> = HashMap::new();
+    for (pos, x) in log.iter().enumerate() {
+        let e = x.ep.0 as usize;
+        let key = id_of(x);
+        let id = if x.kind == OpKind::Notify {
+            key
+        } else {
+            *by_slot.get(&(e, key)).unwrap_or(&u64::MAX)
+        };
+        if id != u64::MAX {
+            position.entry(id).or_insert(pos);
+        }
+    }
+    for a in &model {
+        let Some(ida) = a.op else { continue };
+        let Some(&pa) = position.get(&ida) else {
+            continue;
+        };
+        for b in model
+            .iter()
+            .filter(|b| b.ep == a.ep && b.boundary < a.boundary)
+        {
+            let Some(idb) = b.op else { continue };
+            if let Some(&pb) = position.get(&idb) {
+                prop_assert!(
+                    pb < pa,
+                    "op {} (boundary {}) took effect before op {} (boundary {})",
+                    ida,
+                    a.boundary,
+                    idb,
+                    b.boundary
+                );
+            } else if cqes.get(&idb).is_some_and(|&res| res >= 0) {
+                prop_assert!(false, "op {} succeeded but never took effect", idb);
+            }
+        }
+    }
+    // A successful FLUSH saw every earlier successful op of its endpoint.
+    for (fid, &len) in &flush_seen {
+        let f = &model[*fid as usize];
+        for b in model[..*fid as usize].iter().filter(|b| b.ep == f.ep) {
+            let Some(idb) = b.op else { continue };
+            if cqes.get(&idb).is_some_and(|&res| res >= 0) {
+                let p = position.get(&idb).copied().unwrap_or(usize::MAX);
+                prop_assert!(
+                    p < len,
+                    "FLUSH {} completed before op {} took effect",
+                    fid,
+                    idb
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: if cfg!(debug_assertions) { 2000 } else { 10000 },
+        failure_persistence: Some(Box::new(proptest::test_runner::FileFailurePersistence::WithSource("proptest-regressions"))),
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn model_fence_boundaries_hold_over_faulty_lanes(
+        lanes in 1u8..=4,
+        unordered in 0u64..16,
+        timing in timing(),
+        seed in any::<u64>(),
+        steps in prop::collection::vec(step(), 1..150),
+    ) {
+        run_model(lanes, unordered, timing, seed, &steps)?;
+    }
+}
