@@ -329,39 +329,52 @@ impl Engine {
         n
     }
 
-    /// Takes one SQE: a request slot first, so that every path below ends
-    /// in exactly one completion (R31).
+    /// Takes one SQE. Every path ends in exactly one completion (R31): an
+    /// invalid SQE or a NOP completes here, without a request slot (its CQE
+    /// is all there is to it); anything else gets a slot and goes to its
+    /// endpoint.
     fn accept(&mut self, qi: usize, sqe: &Sqe) {
-        let placeholder = Request {
-            user_data: sqe.user_data,
-            ..Request::EMPTY
+        let validated = if self.shut_down {
+            Err(Status::Canceled)
+        } else {
+            self.validate(sqe)
         };
-        let mut queued = placeholder;
-        queued.set_state(State::Queued);
-        let slot = self.queues[qi]
-            .pool
-            .alloc(queued)
-            .expect("intake never takes more SQEs than free requests");
-        let id = RequestId::new(qi as u32, slot);
-        if self.shut_down {
-            return self.complete(id, Err(Status::Canceled));
-        }
-        match self.validate(sqe) {
-            Err(status) => self.complete(id, Err(status)),
+        match validated {
+            Err(status) => self.complete_now(qi, sqe.user_data, Err(status), false),
             Ok(request) if request.opcode() == Opcode::NOP => {
-                // Complete at once, honouring SKIP_SUCCESS.
-                *self.request_mut(id) = request;
-                self.complete(id, Ok(0));
+                self.complete_now(qi, sqe.user_data, Ok(0), request.skip_success());
             }
             Ok(request) => {
-                *self.request_mut(id) = request;
+                let slot = self.queues[qi]
+                    .pool
+                    .alloc(request)
+                    .expect("intake never takes more SQEs than free requests");
                 if request.holds_mem() {
                     if let Some(r) = self.mem.get_mut(request.local_mem) {
                         r.inflight += 1;
                     }
                 }
-                self.submit(id);
+                self.submit(RequestId::new(qi as u32, slot));
             }
+        }
+    }
+
+    /// Completes an SQE that never became a request.
+    fn complete_now(
+        &mut self,
+        qi: usize,
+        user_data: u64,
+        result: Result<u32, Status>,
+        skip_success: bool,
+    ) {
+        self.stats.ops += 1;
+        self.stats.errors += u64::from(result.is_err());
+        if !(result.is_ok() && skip_success) {
+            let res = match result {
+                Ok(n) => n as i32,
+                Err(status) => status.as_raw(),
+            };
+            self.queues[qi].post(Cqe::new(user_data, res, 0), &mut self.stats);
         }
     }
 
