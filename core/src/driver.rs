@@ -89,6 +89,19 @@ pub struct Completion {
     pub result: Result<u32, Status>,
 }
 
+/// Moves completions from `queue` into `out`; returns how many. For
+/// drivers that keep completions produced outside `poll` (disconnect).
+pub fn drain_completions(
+    queue: &mut std::collections::VecDeque<Completion>,
+    out: &mut [Completion],
+) -> usize {
+    let n = queue.len().min(out.len());
+    for (slot, c) in out.iter_mut().zip(queue.drain(..n)) {
+        *slot = c;
+    }
+    n
+}
+
 impl Default for Completion {
     fn default() -> Self {
         Completion {

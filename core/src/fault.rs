@@ -466,14 +466,7 @@ impl<D: Driver> Driver for FaultInjector<D> {
 
     fn poll(&mut self, out: &mut [Completion]) -> usize {
         self.polls += 1;
-        let mut n = 0;
-        while n < out.len() {
-            let Some(c) = self.ready.pop_front() else {
-                break;
-            };
-            out[n] = c;
-            n += 1;
-        }
+        let mut n = crate::driver::drain_completions(&mut self.ready, out);
         n += self.inner.poll(&mut out[n..]);
         let (timing, unordered) = {
             let p = self.program();

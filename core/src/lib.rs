@@ -65,6 +65,7 @@ pub use config::Config;
 pub use driver::{
     Capabilities, Completion, Driver, DriverContext, DriverEp, DriverError, DriverMemKey,
     DriverMemory, DriverRkey, LaneMask, MAX_LANES, MemDesc, Op, OpKind, Posted, Token,
+    drain_completions,
 };
 pub use endpoint::EndpointId;
 pub use error::Error;

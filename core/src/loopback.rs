@@ -393,14 +393,7 @@ impl Driver for Loopback {
     }
 
     fn poll(&mut self, out: &mut [Completion]) -> usize {
-        let mut n = 0;
-        while n < out.len() {
-            let Some(c) = self.ready.pop_front() else {
-                break;
-            };
-            out[n] = c;
-            n += 1;
-        }
+        let mut n = crate::driver::drain_completions(&mut self.ready, out);
         self.rotation = self.rotation.wrapping_add(1);
         for (index, slot) in self.conns.iter_mut().enumerate() {
             let Some(conn) = slot.as_mut() else { continue };

@@ -135,11 +135,7 @@ impl Rig {
     }
 
     fn run(&mut self, sqes: &[Sqe]) -> Vec<Cqe> {
-        let sqes: Vec<Sqe> = sqes
-            .iter()
-            .enumerate()
-            .map(|(i, s)| s.with_user_data(i as u64))
-            .collect();
+        let sqes = numbered(sqes);
         self.submit(&sqes);
         let mut cqes = self.drain(sqes.len());
         cqes.sort_by_key(|c| c.user_data);
@@ -155,6 +151,14 @@ impl Rig {
     fn stats(&self, e: usize) -> ringfence::Stats {
         self.initiator.endpoint_stats(self.eps[e].0).unwrap()
     }
+}
+
+/// `sqes` with `user_data` set to each one's index.
+fn numbered(sqes: &[Sqe]) -> Vec<Sqe> {
+    sqes.iter()
+        .enumerate()
+        .map(|(i, s)| s.with_user_data(i as u64))
+        .collect()
 }
 
 fn strong(ep: u32) -> Sqe {
@@ -187,11 +191,7 @@ fn r5_a_fence_completes_at_once_and_orders() {
         strong(ep).with_user_data(1),
         r.put(0, 0, true, true),
     ];
-    let sqes: Vec<Sqe> = sqes
-        .iter()
-        .enumerate()
-        .map(|(i, s)| s.with_user_data(i as u64))
-        .collect();
+    let sqes = numbered(&sqes);
     r.submit(&sqes);
     r.initiator.progress();
     // The fence's CQE comes before the PUTs finish.
@@ -423,11 +423,7 @@ fn r33_error_during_an_in_flight_fence_flush_with_1000_deferred_requests() {
     let ep = r.ep(0);
     let mut sqes = vec![r.put(0, 0, true, false), strong(ep)];
     sqes.extend((0..1000).map(|k| r.put(0, 1 + k % 400, k % 3 == 0, true)));
-    let sqes: Vec<Sqe> = sqes
-        .iter()
-        .enumerate()
-        .map(|(i, s)| s.with_user_data(i as u64))
-        .collect();
+    let sqes = numbered(&sqes);
     r.submit(&sqes);
     let cqes = r.drain(sqes.len());
     // The 1000 deferred requests fail with the flush's error, in FIFO order.
@@ -548,11 +544,7 @@ fn r41_a_graceful_close_drains_flushes_and_completes_last() {
         r.put(0, 1, true, true),
         Sqe::close(ep, CloseMode::GRACEFUL),
     ];
-    let sqes: Vec<Sqe> = sqes
-        .iter()
-        .enumerate()
-        .map(|(i, s)| s.with_user_data(i as u64))
-        .collect();
+    let sqes = numbered(&sqes);
     r.submit(&sqes);
     let cqes = r.drain(4);
     all_ok(&cqes);
@@ -578,11 +570,7 @@ fn r42_a_forced_close_cancels_the_queue_in_fifo_order() {
     let ep = r.ep(0);
     let mut sqes = vec![r.put(0, 0, true, false), strong(ep)];
     sqes.extend((0..20).map(|k| r.put(0, 1 + k, true, true)));
-    let sqes: Vec<Sqe> = sqes
-        .iter()
-        .enumerate()
-        .map(|(i, s)| s.with_user_data(i as u64))
-        .collect();
+    let sqes = numbered(&sqes);
     r.submit(&sqes);
     r.initiator.progress();
     r.submit(&[Sqe::close(ep, CloseMode::FORCE).with_user_data(999)]);
@@ -619,11 +607,7 @@ fn r44_dropping_the_worker_with_fence_work_outstanding_cancels_it_all() {
             Sqe::flush(ep),
         ]);
     }
-    let sqes: Vec<Sqe> = sqes
-        .iter()
-        .enumerate()
-        .map(|(i, s)| s.with_user_data(i as u64))
-        .collect();
+    let sqes = numbered(&sqes);
     r.submit(&sqes);
     r.initiator.progress();
     let Rig {
@@ -652,11 +636,7 @@ fn r47_cq_full_exactly_when_an_epoch_completes() {
     let ep = r.ep(0);
     let mut sqes = vec![r.put(0, 0, true, false), strong(ep)];
     sqes.extend((0..200).map(|k| r.put(0, 1 + k % 300, false, true)));
-    let sqes: Vec<Sqe> = sqes
-        .iter()
-        .enumerate()
-        .map(|(i, s)| s.with_user_data(i as u64))
-        .collect();
+    let sqes = numbered(&sqes);
     r.submit(&sqes);
     for _ in 0..200 {
         r.initiator.progress();
