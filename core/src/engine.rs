@@ -517,7 +517,20 @@ impl Engine {
         if strong {
             r.set_strong_boundary();
         }
-        let can_start = queue_empty && self.admitted(id);
+        let mut can_start = queue_empty && self.admitted(id);
+        if queue_empty && !can_start && self.endpoints[e].flushing == 0 {
+            // First in line for a new epoch: take the boundary action now,
+            // from the submitting round (never from a completion, R19).
+            let target = self.endpoints[e].full_epoch(epoch);
+            can_start = self.cross_boundary(e, id, target) && self.admitted(id);
+            if self.endpoints[e].state == EpState::Failed {
+                // The boundary flush failed inside its start and the
+                // endpoint's queue was purged; this request was not in it
+                // yet (R20, R32).
+                let status = self.endpoints[e].error();
+                return self.complete(id, Err(status));
+            }
+        }
         if can_start {
             // No boundary lies between C and this request (its epoch is
             // admitted), so it starts now, in the submitting round.

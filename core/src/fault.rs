@@ -32,6 +32,7 @@ use crate::driver::{
 use ringfence_ring::Status;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
 /// When held operations and flushes are released.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,6 +45,9 @@ pub enum Timing {
     Delayed(u32),
     /// At the next poll, visiting lanes (and endpoints) in a shuffled order.
     Reordered,
+    /// At the first poll at least this long after posting: a latency in
+    /// wall-clock time, as a network round trip has.
+    Latency(std::time::Duration),
 }
 
 /// One operation as it took effect at the inner driver.
@@ -144,6 +148,8 @@ struct Held {
     token: Token,
     seq: u64,
     release_at: u64,
+    /// Not before this instant (`Timing::Latency`).
+    due: Instant,
     /// An injected failure: completes with it instead of executing.
     fail: Option<Status>,
 }
@@ -156,6 +162,7 @@ struct HeldFlush {
     /// Every operation with a smaller sequence number on `lanes` must be done.
     seq: u64,
     release_at: u64,
+    due: Instant,
     fail: Option<Status>,
 }
 
@@ -171,8 +178,18 @@ pub struct FaultInjector<D: Driver> {
     posts: u64,
     flush_count: u64,
     polls: u64,
+    /// The time of the current poll (for `Timing::Latency`).
+    now: Instant,
     seq: u64,
     rng: u64,
+}
+
+/// When something posted now under `timing` may be released.
+fn due(timing: Timing) -> Instant {
+    match timing {
+        Timing::Latency(latency) => Instant::now() + latency,
+        _ => Instant::now(),
+    }
 }
 
 impl<D: Driver> FaultInjector<D> {
@@ -198,6 +215,7 @@ impl<D: Driver> FaultInjector<D> {
             posts: 0,
             flush_count: 0,
             polls: 0,
+            now: Instant::now(),
             seq: 0,
             rng: 0,
         };
@@ -222,7 +240,7 @@ impl<D: Driver> FaultInjector<D> {
     fn delay(&self, timing: Timing) -> u64 {
         match timing {
             Timing::Synchronous => 0,
-            Timing::NextPoll | Timing::Reordered => 1,
+            Timing::NextPoll | Timing::Reordered | Timing::Latency(_) => 1,
             Timing::Delayed(n) => u64::from(n.max(1)),
         }
     }
@@ -287,10 +305,14 @@ impl<D: Driver> FaultInjector<D> {
                 queue
                     .iter()
                     .take(fence_at)
-                    .filter(|h| h.release_at <= self.polls)
+                    .filter(|h| h.release_at <= self.polls && h.due <= self.now)
                     .count()
             } else {
-                usize::from(queue.front().is_some_and(|h| h.release_at <= self.polls))
+                usize::from(
+                    queue
+                        .front()
+                        .is_some_and(|h| h.release_at <= self.polls && h.due <= self.now),
+                )
             };
             if candidates == 0 {
                 break;
@@ -301,7 +323,7 @@ impl<D: Driver> FaultInjector<D> {
                 queue
                     .iter()
                     .enumerate()
-                    .filter(|(_, h)| h.release_at <= self.polls)
+                    .filter(|(_, h)| h.release_at <= self.polls && h.due <= self.now)
                     .nth(k)
                     .map(|(i, _)| i)
                     .unwrap_or(0)
@@ -414,6 +436,7 @@ impl<D: Driver> Driver for FaultInjector<D> {
             return posted;
         }
         let release_at = self.polls + self.delay(timing);
+        let due = due(timing);
         let Some(queue) = self
             .held
             .get_mut(ep.0 as usize)
@@ -427,6 +450,7 @@ impl<D: Driver> Driver for FaultInjector<D> {
             token,
             seq: self.seq,
             release_at,
+            due,
             fail,
         });
         Posted::InFlight
@@ -459,6 +483,7 @@ impl<D: Driver> Driver for FaultInjector<D> {
             token,
             seq: self.seq,
             release_at,
+            due: due(timing),
             fail,
         });
         Posted::InFlight
@@ -466,6 +491,7 @@ impl<D: Driver> Driver for FaultInjector<D> {
 
     fn poll(&mut self, out: &mut [Completion]) -> usize {
         self.polls += 1;
+        self.now = Instant::now();
         let mut n = crate::driver::drain_completions(&mut self.ready, out);
         n += self.inner.poll(&mut out[n..]);
         let (timing, unordered) = {
@@ -502,7 +528,7 @@ impl<D: Driver> Driver for FaultInjector<D> {
                     .enumerate()
                     .all(|(l, q)| f.lanes & (1 << l) == 0 || q.iter().all(|h| h.seq > f.seq))
             });
-            if clear && f.release_at <= self.polls {
+            if clear && f.release_at <= self.polls && f.due <= self.now {
                 self.flushes.remove(i);
                 let result = match f.fail {
                     Some(status) => Err(status),

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 const BIG: u32 = 1024;
 const SLOT: u64 = 1024;
-const HANG: Duration = Duration::from_secs(60);
+const HANG: Duration = Duration::from_secs(30);
 
 /// An initiator whose driver is a FaultInjector over loopback, connected to
 /// `endpoints` targets; each target exposes a window of `slots` slots.
@@ -99,7 +99,9 @@ impl Rig {
 
     fn submit(&mut self, sqes: &[Sqe]) {
         let mut done = 0;
+        let deadline = Instant::now() + HANG;
         while done < sqes.len() {
+            assert!(Instant::now() < deadline, "the SQ never drained");
             done += self.qp.push_batch(&sqes[done..]).unwrap();
             self.qp.submit();
             if done < sqes.len() {
