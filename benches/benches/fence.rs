@@ -1,9 +1,9 @@
 //! The cost of fences: 64-byte PUTs through the engine over the loopback
 //! driver with four lanes that complete asynchronously, with a fence after
 //! every 8 PUTs. Asynchronous means a latency: the loopback driver sits
-//! behind a `FaultInjector` that releases every operation and flush
-//! `LATENCY` progress rounds after it was posted (a stand-in for a network
-//! round trip, in units the engine itself sets the pace of).
+//! behind a `FaultInjector` that releases every operation and flush at the
+//! first progress round `LATENCY` (wall clock) after it was posted, a
+//! stand-in for a network round trip.
 //!
 //! PUTs go to four endpoints in turn, 8 at a time: a strong fence orders
 //! one endpoint and must leave the others flowing (R6, R16, R45), which is
@@ -38,8 +38,9 @@ use std::hint::{black_box, spin_loop};
 use std::time::{Duration, Instant};
 
 const LEN: u32 = 64;
-/// Progress rounds between posting an operation or flush and its effect.
-const LATENCY: u32 = 8;
+/// Time between posting an operation or flush and its effect: about an
+/// RDMA round trip on one switch.
+const LATENCY: Duration = Duration::from_micros(3);
 const EVERY: u64 = 8;
 const DEPTH: u64 = 128;
 /// Endpoints the PUTs go to, `EVERY` at a time each.
@@ -72,7 +73,7 @@ fn rig(kind: Kind) -> Rig {
     let threshold = if matches!(kind, Kind::Weak | Kind::NoFenceOneLane) { 1 << 20 } else { 1 };
     let build = || {
         let (driver, fault) = FaultInjector::new(Loopback::with_mode(CompletionMode::Immediate));
-        fault.set_timing(Timing::Delayed(LATENCY));
+        fault.set_timing(Timing::Latency(LATENCY));
         Worker::builder()
             .driver(driver)
             .lanes(4)
