@@ -47,6 +47,10 @@ pub struct NotifyPool {
     states: Box<[AtomicU8]>,
     /// Landed, not yet posted as CQEs; capacity `count`, never more.
     delivered: Mutex<VecDeque<Delivery>>,
+    /// Whether `delivered` may be non-empty: lets the progress loop skip the
+    /// lock on rounds with nothing delivered. Set under the lock after a
+    /// push, cleared under the lock when a drain empties the queue.
+    maybe_delivered: AtomicBool,
     /// Set while the target's core thread sleeps: a delivery must ring
     /// `waker` (the store-buffering pattern of the rings' NEED_WAKEUP).
     sleeping: AtomicBool,
@@ -85,6 +89,7 @@ impl NotifyPool {
             size,
             states: (0..count).map(|_| AtomicU8::new(FREE)).collect(),
             delivered: Mutex::new(VecDeque::with_capacity(count as usize)),
+            maybe_delivered: AtomicBool::new(false),
             sleeping: AtomicBool::new(false),
             waker: OnceLock::new(),
         })
@@ -134,10 +139,12 @@ impl NotifyPool {
             len,
             tag,
         };
-        self.delivered
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push_back(delivery);
+        {
+            let mut queue = self.delivered.lock().unwrap_or_else(|e| e.into_inner());
+            queue.push_back(delivery);
+            // Release: pairs with the Acquire in `drain`.
+            self.maybe_delivered.store(true, Ordering::Release);
+        }
         // SeqCst fence: the delivery above before the `sleeping` load; pairs
         // with the fence in `begin_sleep`.
         fence(Ordering::SeqCst);
@@ -180,12 +187,20 @@ impl NotifyPool {
     /// Hands queued deliveries to `sink` until it returns `false` (out of CQ
     /// room); the rest stay queued in order.
     pub(crate) fn drain(&self, mut sink: impl FnMut(Delivery) -> bool) {
+        // Acquire: pairs with the Release in `deliver`. A stale `false`
+        // only delays the delivery to the next round.
+        if !self.maybe_delivered.load(Ordering::Acquire) {
+            return;
+        }
         let mut queue = self.delivered.lock().unwrap_or_else(|e| e.into_inner());
         while let Some(&d) = queue.front() {
             if !sink(d) {
                 break;
             }
             queue.pop_front();
+        }
+        if queue.is_empty() {
+            self.maybe_delivered.store(false, Ordering::Relaxed);
         }
     }
 
