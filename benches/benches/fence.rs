@@ -32,7 +32,10 @@
 //! Run: `cargo bench -p ringfence-benches --bench fence`.
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use ringfence::{CompletionMode, EndpointId, FaultInjector, Loopback, QueuePair, RegisteredBuf, RkeyId, Timing, Worker};
+use ringfence::{
+    CompletionMode, EndpointId, FaultInjector, Loopback, QueuePair, RegisteredBuf, RkeyId, Timing,
+    Worker,
+};
 use ringfence_ring::{Cqe, FenceMode, RemoteBuf, Sqe, SqeFlags};
 use std::hint::{black_box, spin_loop};
 use std::time::{Duration, Instant};
@@ -70,7 +73,11 @@ struct Rig {
 
 fn rig(kind: Kind) -> Rig {
     // Below the threshold PUTs use lane 0; from it, the bandwidth lanes.
-    let threshold = if matches!(kind, Kind::Weak | Kind::NoFenceOneLane) { 1 << 20 } else { 1 };
+    let threshold = if matches!(kind, Kind::Weak | Kind::NoFenceOneLane) {
+        1 << 20
+    } else {
+        1
+    };
     let build = || {
         let (driver, fault) = FaultInjector::new(Loopback::with_mode(CompletionMode::Immediate));
         fault.set_timing(Timing::Latency(LATENCY));
@@ -96,7 +103,15 @@ fn rig(kind: Kind) -> Rig {
     src.write(0, &[0x5a; LEN as usize]);
     let qp = initiator.create_queue().expect("queue");
     let window_addr = window.addr();
-    Rig { _target: target, initiator, _window: window, src, eps, window_addr, qp }
+    Rig {
+        _target: target,
+        initiator,
+        _window: window,
+        src,
+        eps,
+        window_addr,
+        qp,
+    }
 }
 
 impl Rig {
@@ -107,7 +122,10 @@ impl Rig {
 
     fn put(&self, i: u64) -> Sqe {
         let (ep, rkey) = self.eps[self.ep_of(i)];
-        let remote = RemoteBuf { rkey: rkey.as_raw(), addr: self.window_addr + (i % 1000) * u64::from(LEN) };
+        let remote = RemoteBuf {
+            rkey: rkey.as_raw(),
+            addr: self.window_addr + (i % 1000) * u64::from(LEN),
+        };
         Sqe::put(ep.as_raw(), self.src.local(0), remote, LEN).with_user_data(i)
     }
 
@@ -130,7 +148,12 @@ impl Rig {
                 puts += 1;
             }
             if check {
-                assert!(c.res >= 0, "operation {} failed: {}", c.user_data, ringfence_ring::strerror(c.res));
+                assert!(
+                    c.res >= 0,
+                    "operation {} failed: {}",
+                    c.user_data,
+                    ringfence_ring::strerror(c.res)
+                );
             }
         }
         black_box(&cqes[..n]);
@@ -139,7 +162,8 @@ impl Rig {
 
     /// Moves `n` PUTs; returns the elapsed time.
     fn run(&mut self, kind: Kind, n: u64, check: bool) -> Duration {
-        let fence = |ep: EndpointId, mode| Sqe::fence(ep.as_raw(), mode).with_flags(SqeFlags::SKIP_SUCCESS);
+        let fence =
+            |ep: EndpointId, mode| Sqe::fence(ep.as_raw(), mode).with_flags(SqeFlags::SKIP_SUCCESS);
         let start = Instant::now();
         let (mut sent, mut done) = (0u64, 0u64);
         // Blocking variant: FLUSHes not yet completed.
@@ -195,7 +219,10 @@ fn fence_cost(c: &mut Criterion) {
         r.run(kind, CHECK, true);
         let stats = r.initiator.stats();
         match kind {
-            Kind::Weak => assert!(stats.weak_fences > 0 && stats.flushes == 0, "{name}: {stats:?}"),
+            Kind::Weak => assert!(
+                stats.weak_fences > 0 && stats.flushes == 0,
+                "{name}: {stats:?}"
+            ),
             Kind::Strong => assert!(stats.flushes > 0, "{name}: {stats:?}"),
             _ => {}
         }
@@ -204,7 +231,9 @@ fn fence_cost(c: &mut Criterion) {
     group.throughput(Throughput::Elements(1));
     for (name, kind) in kinds {
         let mut r = rig(kind);
-        group.bench_function(BenchmarkId::from_parameter(name), |b| b.iter_custom(|iters| r.run(kind, iters, false)));
+        group.bench_function(BenchmarkId::from_parameter(name), |b| {
+            b.iter_custom(|iters| r.run(kind, iters, false))
+        });
     }
     group.finish();
 }

@@ -10,6 +10,7 @@
 pub mod child;
 pub mod fdpass;
 pub mod scribble;
+pub mod shm;
 
 use std::time::{Duration, Instant};
 

@@ -251,4 +251,50 @@ mod tests {
         assert_eq!(unsafe { mem.slice(16, 8) }, &9u64.to_ne_bytes());
         assert!(OwnedMem::new(usize::MAX).is_none());
     }
+
+    /// Driver memory for the test: a heap allocation, `skew` bytes in.
+    #[derive(Debug)]
+    struct Fake {
+        mem: OwnedMem,
+        skew: u64,
+        len: usize,
+    }
+
+    // SAFETY: `[addr, addr + len)` lies inside `mem` (the tests keep
+    // `skew + len` within it), which lives as long as `self` and is zeroed.
+    unsafe impl DriverMemory for Fake {
+        fn addr(&self) -> u64 {
+            self.mem.addr() + self.skew
+        }
+        fn len(&self) -> usize {
+            self.len
+        }
+    }
+
+    #[test]
+    fn driver_memory_is_used_as_is_and_checked() {
+        let fake = |skew, len| -> Arc<dyn DriverMemory> {
+            Arc::new(Fake {
+                mem: OwnedMem::new(256).unwrap(),
+                skew,
+                len,
+            })
+        };
+        let mem = OwnedMem::from_driver(fake(64, 128), 100).unwrap();
+        assert_eq!((mem.addr() % 64, mem.len()), (0, 100));
+        mem.write(88, &7u64.to_ne_bytes());
+        assert_eq!(mem.load_u64(88), 7);
+        let mut out = [0u8; 8];
+        mem.read(88, &mut out);
+        assert_eq!(u64::from_ne_bytes(out), 7);
+        assert!(
+            OwnedMem::from_driver(fake(64, 50), 100).is_none(),
+            "shorter than asked"
+        );
+        assert!(
+            OwnedMem::from_driver(fake(8, 128), 100).is_none(),
+            "not 64-byte aligned"
+        );
+        drop(mem);
+    }
 }

@@ -1,0 +1,353 @@
+//! The shm driver between two processes: PUT bandwidth and 8-byte PUT rate
+//! through the engine into a peer process's memory, beside a same-run
+//! `memcpy` of the same sizes, and the one-way latency of an 8-byte PUT
+//! ping-pong.
+//!
+//! The bench binary re-executes itself as the peer process (the
+//! environment variable `RINGFENCE_BENCH_SHM_ROLE` names its role; a
+//! socket pair on its standard input carries addresses and keys):
+//!
+//! - `put_bw` (throughput in bytes) and `put_rate_8B` (elements): the peer
+//!   allocates a window (a sealed memfd), sends its address and key, and
+//!   then sleeps on its socket: one-sided PUTs need nothing from it. This
+//!   process connects, and the bench thread pushes PUTs of one size from a
+//!   registered source buffer to offset 0 of the window (cache-resident,
+//!   as `ucx_perftest` reuses its buffers), every one with `SKIP_SUCCESS`,
+//!   running the worker's progress inline after each submit of up to 64;
+//!   one FLUSH at the end of each sample must come back as the only CQE.
+//!   `memcpy/<size>` copies between two local buffers of the same size.
+//! - `put_lat_8B`: the peer connects back; each round trip is an 8-byte
+//!   PUT of a sequence number into the peer's window, which the peer spins
+//!   on and answers with a PUT of the same number into ours. The reported
+//!   time is half a round trip (one way).
+//!
+//! Before timing, 1,000 PUTs of a pattern are read back with GET and
+//! checked. Both processes busy-poll in the latency group (spinning, then
+//! yielding after 4,096 idle spins): on two vCPUs they need both, and a
+//! figure taken while anything else runs measures the scheduler.
+//!
+//! Run: `cargo bench -p ringfence-benches --bench shm`.
+
+use criterion::{BenchmarkId, Criterion, Throughput};
+use ringfence::{QueuePair, RegisteredBuf, RkeyId, Worker};
+use ringfence_ring::{Cqe, RemoteBuf, Sqe, SqeFlags};
+use ringfence_shm::Shm;
+use std::hint::{black_box, spin_loop};
+use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const ROLE_ENV: &str = "RINGFENCE_BENCH_SHM_ROLE";
+const SIZES: [usize; 4] = [8, 4 << 10, 64 << 10, 1 << 20];
+/// PUTs pushed per submit.
+const BATCH: usize = 64;
+/// Only catches a hang.
+const HANG: Duration = Duration::from_secs(120);
+
+fn send(s: &mut UnixStream, bytes: &[u8]) {
+    s.write_all(&(bytes.len() as u32).to_le_bytes()).unwrap();
+    s.write_all(bytes).unwrap();
+}
+
+fn recv(s: &mut UnixStream) -> Vec<u8> {
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len).unwrap();
+    let mut out = vec![0u8; u32::from_le_bytes(len) as usize];
+    s.read_exact(&mut out).unwrap();
+    out
+}
+
+fn worker() -> Worker {
+    Worker::builder()
+        .driver(Shm::new().expect("shm driver"))
+        .ring_entries(256, 512)
+        .ignore_env()
+        .build()
+        .expect("worker")
+}
+
+/// The peer process.
+struct Peer {
+    process: std::process::Child,
+    socket: UnixStream,
+}
+
+impl Peer {
+    fn spawn(role: &str) -> Peer {
+        let (socket, theirs) = UnixStream::pair().unwrap();
+        let process = Command::new(std::env::current_exe().unwrap())
+            .env(ROLE_ENV, role)
+            .stdin(Stdio::from(OwnedFd::from(theirs)))
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("spawning the peer process");
+        Peer { process, socket }
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+    }
+}
+
+/// An initiator connected to a peer's window.
+struct Link {
+    worker: Worker,
+    qp: QueuePair,
+    src: RegisteredBuf,
+    remote: RemoteBuf,
+    ep: u32,
+}
+
+impl Link {
+    /// Connects to the window whose address, key and base come next on
+    /// `socket`.
+    fn connect(socket: &mut UnixStream, src_len: usize) -> (Link, RkeyId) {
+        let (address, key) = (recv(socket), recv(socket));
+        let base = u64::from_le_bytes(recv(socket).try_into().unwrap());
+        let worker = worker();
+        let ep = worker.connect(&address).unwrap();
+        let rkey = worker.unpack_rkey(ep, &key).unwrap();
+        let src = worker.alloc_registered(src_len).unwrap();
+        let qp = worker.create_queue().unwrap();
+        let remote = RemoteBuf {
+            rkey: rkey.as_raw(),
+            addr: base,
+        };
+        (
+            Link {
+                worker,
+                qp,
+                src,
+                remote,
+                ep: ep.as_raw(),
+            },
+            rkey,
+        )
+    }
+
+    /// Runs progress until one CQE comes; returns it.
+    fn one_cqe(&mut self) -> Cqe {
+        let deadline = Instant::now() + HANG;
+        loop {
+            self.worker.progress();
+            if let Some(c) = self.qp.pop().unwrap() {
+                return c;
+            }
+            assert!(Instant::now() < deadline, "no completion");
+        }
+    }
+
+    /// `count` PUTs of `len` bytes, all SKIP_SUCCESS, then a FLUSH that must
+    /// be the only CQE.
+    fn puts(&mut self, count: u64, len: usize) {
+        let put = Sqe::put(self.ep, self.src.local(0), self.remote, len as u32)
+            .with_flags(SqeFlags::SKIP_SUCCESS);
+        let batch = [put; BATCH];
+        let mut left = count;
+        while left > 0 {
+            let n = self
+                .qp
+                .push_batch(&batch[..left.min(BATCH as u64) as usize])
+                .unwrap();
+            self.qp.submit();
+            self.worker.progress();
+            left -= n as u64;
+        }
+        self.qp
+            .push(Sqe::flush(self.ep).with_user_data(u64::MAX))
+            .unwrap();
+        self.qp.submit();
+        let c = self.one_cqe();
+        assert_eq!((c.user_data, c.res), (u64::MAX, 0), "a PUT failed: {c:?}");
+    }
+
+    /// 1,000 PUTs of a pattern, each read back with GET and compared.
+    fn check(&mut self, len: usize) {
+        for i in 0..1000u64 {
+            let data: Vec<u8> = (0..len).map(|k| (k as u64 * 31 + i) as u8).collect();
+            self.src.write(0, &data);
+            self.qp
+                .push(
+                    Sqe::put(self.ep, self.src.local(0), self.remote, len as u32).with_user_data(1),
+                )
+                .unwrap();
+            self.qp
+                .push(
+                    Sqe::get(self.ep, self.src.local(len as u64), self.remote, len as u32)
+                        .with_user_data(2),
+                )
+                .unwrap();
+            self.qp.submit();
+            for _ in 0..2 {
+                let c = self.one_cqe();
+                assert_eq!(c.res, len as i32, "{c:?}");
+            }
+            let mut back = vec![0u8; len];
+            self.src.read(len, &mut back);
+            assert!(back == data, "GET read other bytes than the PUT wrote");
+        }
+    }
+}
+
+fn put_groups(c: &mut Criterion) {
+    let mut peer = Peer::spawn("target");
+    let (mut link, _) = Link::connect(&mut peer.socket, 2 << 20);
+    for len in SIZES {
+        link.check(len.min(64 << 10));
+    }
+
+    let mut group = c.benchmark_group("put_bw");
+    for len in SIZES {
+        group.throughput(Throughput::Bytes(len as u64));
+        group.bench_function(BenchmarkId::new("ringfence_shm", len), |b| {
+            b.iter_custom(|iters| {
+                let start = Instant::now();
+                link.puts(iters, len);
+                start.elapsed()
+            })
+        });
+        let src = vec![7u8; len];
+        let mut dst = vec![0u8; len];
+        group.bench_function(BenchmarkId::new("memcpy", len), |b| {
+            b.iter(|| {
+                dst.copy_from_slice(black_box(&src));
+                black_box(&mut dst);
+            })
+        });
+    }
+    group.finish();
+
+    let mut group = c.benchmark_group("put_rate_8B");
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("ringfence_shm", |b| {
+        b.iter_custom(|iters| {
+            let start = Instant::now();
+            link.puts(iters, 8);
+            start.elapsed()
+        })
+    });
+    let src = [7u8; 8];
+    let mut dst = [0u8; 8];
+    group.bench_function("memcpy", |b| {
+        b.iter(|| {
+            dst.copy_from_slice(black_box(&src));
+            black_box(&mut dst);
+        })
+    });
+    group.finish();
+}
+
+fn latency_group(c: &mut Criterion) {
+    let mut peer = Peer::spawn("pong");
+    let (mut link, _) = Link::connect(&mut peer.socket, 4096);
+    // Our window for the answers, for the peer to connect to.
+    let window = link.worker.alloc_registered(4096).unwrap();
+    send(&mut peer.socket, link.worker.address());
+    send(
+        &mut peer.socket,
+        &link.worker.pack_rkey(window.handle()).unwrap(),
+    );
+    send(&mut peer.socket, &window.addr().to_le_bytes());
+    let put =
+        Sqe::put(link.ep, link.src.local(0), link.remote, 8).with_flags(SqeFlags::SKIP_SUCCESS);
+    let mut seq = 0u64;
+    let mut round_trip = |link: &mut Link| {
+        seq += 1;
+        link.src.write(0, &seq.to_le_bytes());
+        link.qp.push(put).unwrap();
+        link.qp.submit();
+        link.worker.progress();
+        let mut spins = 0u64;
+        while window.load_u64(0) != seq {
+            pause(spins);
+            spins += 1;
+            if spins % (1 << 20) == 0 {
+                // A PUT that did not run in the first round (never seen),
+                // or a hang.
+                link.worker.progress();
+                assert!(spins < 1 << 30, "no answer from the peer");
+            }
+        }
+    };
+    for _ in 0..1000 {
+        round_trip(&mut link);
+    }
+    let mut group = c.benchmark_group("put_lat_8B");
+    group.bench_function("ringfence_shm", |b| {
+        b.iter_custom(|iters| {
+            let start = Instant::now();
+            for _ in 0..iters {
+                round_trip(&mut link);
+            }
+            start.elapsed() / 2
+        })
+    });
+    group.finish();
+    // Tell the peer to stop: u64::MAX.
+    link.src.write(0, &u64::MAX.to_le_bytes());
+    link.qp.push(put).unwrap();
+    link.qp.submit();
+    link.worker.progress();
+}
+
+/// One idle round of a ping-pong wait: spin first (an answer normally
+/// comes within a few hundred spins), then yield, so that when both
+/// processes land on one vCPU (anything else running on a two-vCPU
+/// machine) a round trip costs a yield, not a scheduler time slice.
+fn pause(spins: u64) {
+    if spins < 4096 {
+        spin_loop();
+    } else {
+        std::thread::yield_now();
+    }
+}
+
+/// The peer: a window; for `pong`, answers every sequence number.
+fn peer_main(role: &str) {
+    let fd = std::io::stdin().lock();
+    let mut socket = UnixStream::from(std::os::fd::AsFd::as_fd(&fd).try_clone_to_owned().unwrap());
+    let w = worker();
+    let window = w.alloc_registered(2 << 20).unwrap();
+    send(&mut socket, w.address());
+    send(&mut socket, &w.pack_rkey(window.handle()).unwrap());
+    send(&mut socket, &window.addr().to_le_bytes());
+    if role != "pong" {
+        // Until the bench closes the socket or kills us.
+        let _ = socket.read(&mut [0u8; 1]);
+        return;
+    }
+    let (mut back, _) = Link::connect(&mut socket, 4096);
+    let put =
+        Sqe::put(back.ep, back.src.local(0), back.remote, 8).with_flags(SqeFlags::SKIP_SUCCESS);
+    loop {
+        let mut seen = window.load_u64(0);
+        let mut spins = 0u64;
+        while seen == 0 || seen == back.src.load_u64(0) {
+            pause(spins);
+            spins += 1;
+            seen = window.load_u64(0);
+        }
+        if seen == u64::MAX {
+            return;
+        }
+        back.src.write(0, &seen.to_le_bytes());
+        back.qp.push(put).unwrap();
+        back.qp.submit();
+        back.worker.progress();
+    }
+}
+
+fn main() {
+    if let Ok(role) = std::env::var(ROLE_ENV) {
+        return peer_main(&role);
+    }
+    let mut c = Criterion::default().configure_from_args();
+    put_groups(&mut c);
+    latency_group(&mut c);
+    c.final_summary();
+}

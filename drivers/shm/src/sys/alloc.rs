@@ -1,0 +1,85 @@
+//! Registered memory in a sealed memfd: what `Worker::alloc_registered`
+//! returns when the worker has an shm driver, and what a peer maps.
+
+use crate::memfd;
+use memmap2::{MmapOptions, MmapRaw};
+use ringfence::DriverMemory;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+/// One allocation: a memfd sealed against resizing, mapped shared and
+/// writable in this process.
+#[derive(Debug)]
+pub(crate) struct ShmAlloc {
+    map: MmapRaw,
+    fd: OwnedFd,
+    /// The length asked for (the memfd and the mapping are `len` rounded
+    /// up to whole pages).
+    len: usize,
+}
+
+impl ShmAlloc {
+    /// Allocates `len` bytes (at least one), zero-filled and page-aligned.
+    ///
+    /// # Errors
+    /// A system call failed or `len` is too large.
+    pub(crate) fn new(len: usize) -> io::Result<ShmAlloc> {
+        let size = memfd::round_to_pages(len as u64)
+            .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+        let fd = memfd::create("ringfence-shm", size)?;
+        memfd::seal(fd.as_fd(), memfd::RESIZE_SEALS)?;
+        let map = MmapOptions::new().len(size as usize).map_raw(&fd)?;
+        Ok(ShmAlloc { map, fd, len })
+    }
+
+    /// The memfd, to pass to a peer.
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// The memfd's size in bytes.
+    #[cfg(test)]
+    pub(crate) fn size(&self) -> u64 {
+        self.map.len() as u64
+    }
+
+    /// The start address in this process.
+    pub(crate) fn base(&self) -> u64 {
+        self.map.as_ptr() as usize as u64
+    }
+
+    /// The length asked for.
+    pub(crate) fn requested(&self) -> usize {
+        self.len
+    }
+}
+
+// SAFETY: `map` covers `len` bytes rounded up to pages from `base()`, mapped shared
+// and writable for as long as `self` lives (the memfd is sealed against
+// shrinking, so no access inside faults); neither value changes; mmap
+// returns page-aligned (so 64-byte aligned) memory, and a new memfd reads
+// as zeros.
+unsafe impl DriverMemory for ShmAlloc {
+    fn addr(&self) -> u64 {
+        self.base()
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allocations_are_sealed_page_rounded_and_zeroed() {
+        let a = ShmAlloc::new(10).unwrap();
+        assert_eq!(a.size(), memfd::page_size());
+        assert_eq!(a.base() % 64, 0);
+        assert_eq!(DriverMemory::len(&a), 10);
+        assert_eq!(memfd::check(&a.fd(), a.size()), Ok(a.size()));
+        assert!(nix::unistd::ftruncate(a.fd(), 1).is_err());
+    }
+}

@@ -1,0 +1,281 @@
+//! The driver under the engine with two workers in one process (the
+//! cross-process tests live in `tests/tests/shm_*.rs`).
+
+use ringfence::{Cqe, EndpointId, QueuePair, RegisteredBuf, RkeyId, Status, Worker};
+use ringfence_ring::{FenceMode, RemoteBuf, Sqe};
+use ringfence_shm::{KeyPath, Shm};
+use std::time::{Duration, Instant};
+
+fn worker() -> Worker {
+    Worker::builder()
+        .driver(Shm::new().unwrap())
+        .notify_buffers(8, 256)
+        .ignore_env()
+        .build()
+        .unwrap()
+}
+
+/// Submits `sqes`, runs both workers' progress until `expect` CQEs came.
+fn run(w: &Worker, other: &Worker, qp: &mut QueuePair, sqes: &[Sqe], expect: usize) -> Vec<Cqe> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut pushed = 0;
+    let mut out = Vec::new();
+    while out.len() < expect {
+        if pushed < sqes.len() {
+            pushed += qp.push_batch(&sqes[pushed..]).unwrap();
+            qp.submit();
+        }
+        w.progress();
+        other.progress();
+        let mut batch = [Cqe::default(); 64];
+        let n = qp.reap(&mut batch).unwrap();
+        out.extend_from_slice(&batch[..n]);
+        assert!(Instant::now() < deadline, "hung: {} of {expect}", out.len());
+    }
+    out
+}
+
+fn key_path_of(blob: &[u8]) -> Option<KeyPath> {
+    // The worker's blob: u32 length, then core's header (26 bytes + name),
+    // then the driver's part.
+    let part = &blob[4..];
+    let name_len = part[5] as usize;
+    ringfence_shm::key_path(&part[26 + name_len..])
+}
+
+struct Pair {
+    target: Worker,
+    initiator: Worker,
+    window: RegisteredBuf,
+    ep: EndpointId,
+    rkey: RkeyId,
+}
+
+fn pair(len: usize) -> Pair {
+    let target = worker();
+    let initiator = worker();
+    let window = target.alloc_registered(len).unwrap();
+    let ep = initiator.connect(target.address()).unwrap();
+    let blob = target.pack_rkey(window.handle()).unwrap();
+    assert_eq!(key_path_of(&blob), Some(KeyPath::Memfd));
+    let rkey = initiator.unpack_rkey(ep, &blob).unwrap();
+    Pair {
+        target,
+        initiator,
+        window,
+        ep,
+        rkey,
+    }
+}
+
+#[test]
+fn put_get_atomic_notify() {
+    let p = pair(1 << 16);
+    let src = p.initiator.alloc_registered(4096).unwrap();
+    let mut qp = p.initiator.create_queue().unwrap();
+    let mut tq = p.target.create_queue().unwrap();
+    let ep = p.ep.as_raw();
+    let remote = |off: u64| RemoteBuf {
+        rkey: p.rkey.as_raw(),
+        addr: p.window.addr() + off,
+    };
+    src.write(0, b"hello, shm");
+    let mut notify = Sqe::notify(ep, src.local(0), 5).with_user_data(6);
+    notify.operand = 66;
+    let sqes = [
+        Sqe::put(ep, src.local(0), remote(100), 10).with_user_data(1),
+        Sqe::fence(ep, FenceMode::STRONG).with_user_data(2),
+        Sqe::get(ep, src.local(1000), remote(100), 10).with_user_data(3),
+        Sqe::atomic_fadd(ep, src.local(2048), remote(8), 5).with_user_data(4),
+        Sqe::atomic_fadd(ep, src.local(2056), remote(8), 5).with_user_data(5),
+        notify,
+        Sqe::flush(ep).with_user_data(7),
+    ];
+    let cqes = run(&p.initiator, &p.target, &mut qp, &sqes, sqes.len());
+    for c in &cqes {
+        assert!(c.res >= 0, "{c:?}");
+    }
+    let mut out = [0u8; 10];
+    p.window.read(100, &mut out);
+    assert_eq!(&out, b"hello, shm");
+    src.read(1000, &mut out);
+    assert_eq!(&out, b"hello, shm");
+    assert_eq!(p.window.load_u64(8), 10);
+    assert_eq!(src.load_u64(2048) + src.load_u64(2056), 5);
+    // The notification reaches the target's CQ.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let cqe = loop {
+        p.target.progress();
+        if let Some(c) = tq.pop().unwrap() {
+            break c;
+        }
+        assert!(Instant::now() < deadline);
+    };
+    assert_eq!(cqe.user_data, 66, "the tag");
+    assert_eq!(&*tq.notification(&cqe).unwrap(), b"hello");
+}
+
+#[test]
+fn forged_and_foreign_keys_are_refused() {
+    let p = pair(4096);
+    let blob = p.target.pack_rkey(p.window.handle()).unwrap();
+    // Flip one bit of the secret (driver part: 48 bytes at the end; the
+    // secret is at 24..32 of it).
+    let mut forged = blob.clone();
+    let at = forged.len() - 48 + 24;
+    forged[at] ^= 1;
+    let e = p.initiator.unpack_rkey(p.ep, &forged).unwrap_err();
+    assert!(e.to_string().contains("refused"), "{e}");
+    // Larger bounds in the driver part: refused at unpack.
+    let mut wider = blob.clone();
+    let at = wider.len() - 8;
+    wider[at] = 0xff;
+    assert!(p.initiator.unpack_rkey(p.ep, &wider).is_err());
+    // Garbage never panics.
+    for n in 0..blob.len() {
+        let _ = p.initiator.unpack_rkey(p.ep, &blob[..n]);
+    }
+    // A key of another target.
+    let other = worker();
+    let w2 = other.alloc_registered(64).unwrap();
+    let foreign = other.pack_rkey(w2.handle()).unwrap();
+    assert!(p.initiator.unpack_rkey(p.ep, &foreign).is_err());
+    // Deregistered: refused at unpack and at access.
+    let mut qp = p.initiator.create_queue().unwrap();
+    let src = p.initiator.alloc_registered(64).unwrap();
+    p.target.deregister(p.window.handle()).unwrap();
+    assert!(p.initiator.unpack_rkey(p.ep, &blob).is_err());
+    let remote = RemoteBuf {
+        rkey: p.rkey.as_raw(),
+        addr: p.window.addr(),
+    };
+    let cqes = run(
+        &p.initiator,
+        &p.target,
+        &mut qp,
+        &[Sqe::put(p.ep.as_raw(), src.local(0), remote, 8).with_user_data(9)],
+        1,
+    );
+    assert_eq!(cqes[0].res, Status::AccessDenied.as_raw());
+}
+
+#[test]
+fn cross_memory_attach_for_other_memory() {
+    let target = worker();
+    let initiator = worker();
+    let window = target.alloc_registered(8192).unwrap();
+    // A sub-range of an allocation is not exported on the memfd path.
+    // SAFETY: inside `window`, which outlives the registration; read only
+    // through `window` after the operations completed.
+    let sub = unsafe {
+        target.register(
+            (window.addr() + 4096) as usize as *mut u8,
+            100,
+            ringfence::MemKind::Host,
+        )
+    }
+    .unwrap();
+    let blob = target.pack_rkey(sub).unwrap();
+    assert_eq!(key_path_of(&blob), Some(KeyPath::CrossMemoryAttach));
+    let ep = initiator.connect(target.address()).unwrap();
+    let rkey = initiator.unpack_rkey(ep, &blob).unwrap();
+    let src = initiator.alloc_registered(256).unwrap();
+    src.write(0, b"via process_vm_writev");
+    let mut qp = initiator.create_queue().unwrap();
+    let remote = |off: u64| RemoteBuf {
+        rkey: rkey.as_raw(),
+        addr: window.addr() + 4096 + off,
+    };
+    let e = ep.as_raw();
+    let sqes = [
+        Sqe::put(e, src.local(0), remote(10), 21).with_user_data(1),
+        Sqe::fence(e, FenceMode::STRONG).with_user_data(2),
+        Sqe::get(e, src.local(100), remote(10), 21).with_user_data(3),
+        Sqe::atomic_add(e, remote(16), 1).with_user_data(4),
+        Sqe::put(e, src.local(0), remote(90), 21).with_user_data(5),
+    ];
+    let mut cqes = run(&initiator, &target, &mut qp, &sqes, sqes.len());
+    cqes.sort_by_key(|c| c.user_data);
+    let res: Vec<i32> = cqes.iter().map(|c| c.res).collect();
+    assert_eq!(
+        res,
+        vec![
+            21,
+            0,
+            21,
+            Status::Unsupported.as_raw(),
+            Status::OutOfBounds.as_raw()
+        ]
+    );
+    let mut out = [0u8; 21];
+    window.read(4096 + 10, &mut out);
+    assert_eq!(&out, b"via process_vm_writev");
+    src.read(100, &mut out);
+    assert_eq!(&out, b"via process_vm_writev");
+    target.deregister(sub).unwrap();
+}
+
+#[test]
+fn a_worker_can_connect_to_itself_and_peers_that_go_away_fail_endpoints() {
+    let w = worker();
+    let window = w.alloc_registered(64).unwrap();
+    let ep = w.connect(w.address()).unwrap();
+    let rkey = w
+        .unpack_rkey(ep, &w.pack_rkey(window.handle()).unwrap())
+        .unwrap();
+    let mut qp = w.create_queue().unwrap();
+    let remote = RemoteBuf {
+        rkey: rkey.as_raw(),
+        addr: window.addr(),
+    };
+    let cqes = run(
+        &w,
+        &w,
+        &mut qp,
+        &[Sqe::atomic_add(ep.as_raw(), remote, 3).with_user_data(1)],
+        1,
+    );
+    assert_eq!(cqes[0].res, 8);
+    assert_eq!(window.load_u64(0), 3);
+
+    // A peer worker dropped: its endpoint fails with PEER_UNREACHABLE.
+    let p = pair(64);
+    let src = p.initiator.alloc_registered(64).unwrap();
+    let mut qp = p.initiator.create_queue().unwrap();
+    let Pair {
+        target,
+        initiator,
+        window,
+        ep,
+        rkey,
+    } = p;
+    let addr = window.addr();
+    drop(window);
+    drop(target);
+    let remote = RemoteBuf {
+        rkey: rkey.as_raw(),
+        addr,
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let c = run(
+            &initiator,
+            &initiator,
+            &mut qp,
+            &[Sqe::put(ep.as_raw(), src.local(0), remote, 8).with_user_data(1)],
+            1,
+        );
+        if c[0].res < 0 {
+            assert!(
+                c[0].res == Status::PeerUnreachable.as_raw()
+                    || c[0].res == Status::AccessDenied.as_raw()
+                    || c[0].res == Status::EndpointFailed.as_raw(),
+                "{:?}",
+                c[0]
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "the peer's death was never seen");
+        std::thread::yield_now();
+    }
+}

@@ -1,0 +1,273 @@
+//! Peer death over the shm driver, between real processes: a target
+//! killed with SIGKILL while the initiator has requests outstanding (every
+//! one of them completes with an error, promptly, and the initiator can
+//! connect a new peer), and an initiator killed while it streams to a
+//! target that keeps serving another initiator.
+
+use ringfence::Status;
+use ringfence_ring::{Cqe, RemoteBuf, Sqe};
+use ringfence_tests::child::{self, ChildProcess};
+use ringfence_tests::shm::{self, Link, pattern};
+use ringfence_tests::{Backoff, Deadline};
+use std::time::{Duration, Instant};
+
+/// A killed peer's requests must all have failed within this (generous on
+/// two shared cores; detection itself is a socket hang-up, immediate).
+const DETECTION_BOUND: Duration = Duration::from_secs(10);
+
+/// A target that sets up a window and then never runs an engine round
+/// again (so notifications pile up in its channel), until it is killed.
+fn idle_target() {
+    let mut link = Link::new(child::parent_socket());
+    let w = shm::worker(1);
+    let window = w.alloc_registered(1 << 20).unwrap();
+    link.send(w.address());
+    link.send(&w.pack_rkey(window.handle()).unwrap());
+    link.send_u64s(&[window.addr()]);
+    // Blocks until the parent says so or kills us.
+    let _ = link.recv();
+}
+
+#[test]
+fn sigkill_of_the_target_fails_every_outstanding_request() {
+    if child::role().is_some() {
+        return idle_target();
+    }
+    let test = "sigkill_of_the_target_fails_every_outstanding_request";
+    let mut child = ChildProcess::spawn(test, "target");
+    let mut link = Link::new(child.socket.try_clone().unwrap());
+    let (address, key) = (link.recv(), link.recv());
+    let base = link.recv_u64s()[0];
+    let w = shm::worker(1);
+    let ep = w.connect(&address).unwrap();
+    let rkey = w.unpack_rkey(ep, &key).unwrap();
+    let src = w.alloc_registered(8192).unwrap();
+    let mut qp = w.create_queue().unwrap();
+    let e = ep.as_raw();
+
+    // A stream of PUT + NOTIFY pairs, far more than the target's channel
+    // (256 KiB, never drained) holds.
+    const PAIRS: u64 = 1500;
+    let mut sqes = Vec::new();
+    for i in 0..PAIRS {
+        let remote = RemoteBuf {
+            rkey: rkey.as_raw(),
+            addr: base + (i % 256) * 4096,
+        };
+        sqes.push(Sqe::put(e, src.local(0), remote, 4096).with_user_data(2 * i));
+        sqes.push(Sqe::notify(e, src.local(4096), 1024).with_user_data(2 * i + 1));
+    }
+    let total = sqes.len();
+    let mut cqes: Vec<Cqe> = Vec::new();
+    let mut pushed = 0;
+    let mut batch = [Cqe::default(); 64];
+    let deadline = Deadline::after(shm::HANG, "initiator");
+    // Run until the stream is stuck behind the full channel: nothing has
+    // completed for many rounds while requests are outstanding (they cannot
+    // complete: the target never drains).
+    let mut stalled = 0;
+    while stalled < 5000 {
+        if pushed < total {
+            pushed += qp.push_batch(&sqes[pushed..]).unwrap();
+            qp.submit();
+        }
+        w.progress();
+        let n = qp.reap(&mut batch).unwrap();
+        cqes.extend_from_slice(&batch[..n]);
+        stalled = if n > 0 { 0 } else { stalled + 1 };
+        if stalled > 16 {
+            std::thread::yield_now();
+        }
+        deadline.check(|| format!("{} CQEs", cqes.len()));
+    }
+    let before = cqes.len();
+    assert!(
+        cqes.iter().all(|c| c.res >= 0),
+        "all succeeded before the kill"
+    );
+    assert!(
+        before > 100 && before < total / 2,
+        "stuck mid-stream ({before} of {total})"
+    );
+
+    // SIGKILL, and the survivor completes everything outstanding with an
+    // error, within a bound.
+    child.process.kill().unwrap();
+    child.process.wait().unwrap();
+    let killed = Instant::now();
+    let mut backoff = Backoff::default();
+    while cqes.len() < total {
+        if pushed < total {
+            pushed += qp.push_batch(&sqes[pushed..]).unwrap();
+            qp.submit();
+        }
+        w.progress();
+        let n = qp.reap(&mut batch).unwrap();
+        cqes.extend_from_slice(&batch[..n]);
+        if n > 0 {
+            backoff.reset();
+        } else {
+            backoff.idle();
+        }
+        assert!(
+            killed.elapsed() < DETECTION_BOUND,
+            "{} of {total} CQEs {DETECTION_BOUND:?} after the kill",
+            cqes.len()
+        );
+    }
+    let elapsed = killed.elapsed();
+    eprintln!("every outstanding request failed {elapsed:?} after SIGKILL");
+    let mut seen = vec![0u32; total];
+    for c in &cqes {
+        seen[c.user_data as usize] += 1;
+    }
+    assert!(seen.iter().all(|&n| n == 1), "exactly one CQE per SQE");
+    let failed: Vec<&Cqe> = cqes[before..].iter().filter(|c| c.res < 0).collect();
+    assert!(!failed.is_empty());
+    for c in &failed {
+        assert!(
+            c.res == Status::PeerUnreachable.as_raw() || c.res == Status::EndpointFailed.as_raw(),
+            "{c:?}"
+        );
+    }
+    // Later submissions fail at once.
+    let res = shm::complete(&w, &mut qp, &[Sqe::flush(e).with_user_data(9)], 1)[0].res;
+    assert!(res < 0);
+
+    // And a new peer can be connected and used.
+    let child = ChildProcess::spawn(test, "target");
+    let mut link = Link::new(child.socket.try_clone().unwrap());
+    let (address, key) = (link.recv(), link.recv());
+    let base = link.recv_u64s()[0];
+    let ep = w.connect(&address).unwrap();
+    let rkey = w.unpack_rkey(ep, &key).unwrap();
+    src.write(0, &pattern(64, 5));
+    let remote = RemoteBuf {
+        rkey: rkey.as_raw(),
+        addr: base,
+    };
+    let sqes = [
+        Sqe::put(ep.as_raw(), src.local(0), remote, 64).with_user_data(1),
+        Sqe::get(ep.as_raw(), src.local(1024), remote, 64).with_user_data(2),
+    ];
+    for c in shm::complete(&w, &mut qp, &sqes, 2) {
+        assert_eq!(c.res, 64);
+    }
+    let mut got = [0u8; 64];
+    src.read(1024, &mut got);
+    assert_eq!(got[..], pattern(64, 5)[..]);
+    link.send(b"bye");
+    child.join();
+}
+
+const SURVIVOR_PAIRS: u64 = 5000;
+const SLOT: u64 = 64;
+
+/// An initiator that streams PUT + NOTIFY pairs into its half of the
+/// parent's window: the victim forever, the survivor `SURVIVOR_PAIRS`.
+fn streaming_initiator(id: u64) {
+    let mut link = Link::new(child::parent_socket());
+    let (address, key) = (link.recv(), link.recv());
+    let base = link.recv_u64s()[0] + id * SURVIVOR_PAIRS * SLOT;
+    let w = shm::worker(1);
+    let ep = w.connect(&address).unwrap();
+    let rkey = w.unpack_rkey(ep, &key).unwrap();
+    let src = w.alloc_registered(64 * 1024).unwrap();
+    let mut qp = w.create_queue().unwrap();
+    let e = ep.as_raw();
+    let count = if id == 0 { u64::MAX } else { SURVIVOR_PAIRS };
+    let mut i = 0;
+    while i < count {
+        let mut sqes = Vec::new();
+        for k in 0..32 {
+            if i >= count {
+                break;
+            }
+            let at = k * 1024;
+            src.write(at as usize, &pattern(SLOT as usize, id << 32 | i));
+            let remote = RemoteBuf {
+                rkey: rkey.as_raw(),
+                addr: base + (i % SURVIVOR_PAIRS) * SLOT,
+            };
+            sqes.push(Sqe::put(e, src.local(at), remote, SLOT as u32));
+            let mut n = Sqe::notify(e, src.local(at), 8);
+            n.operand = id << 32 | i;
+            sqes.push(n);
+            i += 1;
+        }
+        for c in shm::complete(&w, &mut qp, &sqes, sqes.len()) {
+            assert!(c.res >= 0, "{c:?}");
+        }
+    }
+    link.send(b"done");
+    let _ = link.recv();
+}
+
+#[test]
+fn a_killed_initiator_leaves_the_target_serving_others() {
+    match child::role().as_deref() {
+        Some("victim") => return streaming_initiator(0),
+        Some("survivor") => return streaming_initiator(1),
+        _ => {}
+    }
+    let test = "a_killed_initiator_leaves_the_target_serving_others";
+    let w = shm::worker(1);
+    let window = w
+        .alloc_registered((2 * SURVIVOR_PAIRS * SLOT) as usize)
+        .unwrap();
+    let key = w.pack_rkey(window.handle()).unwrap();
+    let mut qp = w.create_queue().unwrap();
+    let mut victim = ChildProcess::spawn(test, "victim");
+    let survivor = ChildProcess::spawn(test, "survivor");
+    let mut links = [
+        Link::new(victim.socket.try_clone().unwrap()),
+        Link::new(survivor.socket.try_clone().unwrap()),
+    ];
+    for link in &mut links {
+        link.send(w.address());
+        link.send(&key);
+        link.send_u64s(&[window.addr()]);
+    }
+    let deadline = Deadline::after(shm::HANG, "target");
+    let mut backoff = Backoff::default();
+    let (mut from_victim, mut next) = (0u64, 0u64);
+    let mut killed = false;
+    let mut record = [0u8; SLOT as usize];
+    while next < SURVIVOR_PAIRS {
+        let mut work = w.progress();
+        while let Some(cqe) = qp.pop().unwrap() {
+            work += 1;
+            let (id, i) = (cqe.user_data >> 32, cqe.user_data & 0xffff_ffff);
+            let payload = qp.notification(&cqe).expect("a notification");
+            assert_eq!(payload.len(), 8);
+            if id == 0 {
+                from_victim += 1;
+                continue;
+            }
+            assert_eq!(i, next, "the survivor's notifications out of order");
+            window.read(((SURVIVOR_PAIRS + i) * SLOT) as usize, &mut record);
+            assert_eq!(
+                record[..],
+                pattern(SLOT as usize, 1 << 32 | i)[..],
+                "record {i}"
+            );
+            next += 1;
+        }
+        if !killed && from_victim >= 100 {
+            victim.process.kill().unwrap();
+            victim.process.wait().unwrap();
+            killed = true;
+        }
+        if work > 0 {
+            backoff.reset();
+        } else {
+            backoff.idle();
+        }
+        deadline.check(|| format!("survivor {next}, victim {from_victim}"));
+    }
+    assert!(killed, "the victim was killed mid-stream");
+    assert_eq!(links[1].recv(), b"done");
+    links[1].send(b"bye");
+    survivor.join();
+    eprintln!("{from_victim} notifications from the victim before and around its death");
+}
