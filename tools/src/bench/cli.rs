@@ -1,0 +1,372 @@
+//! The command line of `rfbench`: options modelled on nixlbench's, their
+//! checks, and the sweep they describe.
+
+use crate::bench::error::BenchError;
+use clap::{Parser, ValueEnum};
+use serde::Serialize;
+
+/// A transport `rfbench` can be asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DriverKind {
+    /// Shared memory between two processes on this host (`ringfence-shm`).
+    Shm,
+    /// The engine's built-in loopback driver: both sides in this process.
+    Loopback,
+    /// TCP over io_uring (not built yet).
+    Tcp,
+    /// RDMA verbs (not built yet).
+    Verbs,
+    /// CUDA (not built yet).
+    Cuda,
+}
+
+impl DriverKind {
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            DriverKind::Shm => "shm",
+            DriverKind::Loopback => "loopback",
+            DriverKind::Tcp => "tcp",
+            DriverKind::Verbs => "verbs",
+            DriverKind::Cuda => "cuda",
+        }
+    }
+
+    /// Whether this build of `rfbench` has the driver.
+    pub fn is_built(self) -> bool {
+        matches!(self, DriverKind::Shm | DriverKind::Loopback)
+    }
+}
+
+/// The operation each transfer of a batch is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OpKind {
+    /// PUT: local source to the target's window (nixlbench WRITE).
+    Write,
+    /// GET: the target's window to a local buffer (nixlbench READ).
+    Read,
+    /// An 8-byte atomic ADD on a word of the target's window; the block
+    /// size is always 8.
+    Atomic,
+}
+
+/// Fences inserted between the transfers of a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FenceKind {
+    /// No fence.
+    None,
+    /// `FENCE` with mode WEAK (ordering only).
+    Weak,
+    /// `FENCE` with mode STRONG (everything before remotely complete).
+    Strong,
+}
+
+/// Who makes progress on the initiator's worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProgressKind {
+    /// The worker's core thread (`Worker::start_core_thread`).
+    CoreThread,
+    /// The bench thread itself, after each submit and while it waits.
+    Inline,
+}
+
+/// What is measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// Batches of transfers, one batch in flight (the nixlbench table).
+    Bandwidth,
+    /// Ping-pong of PUTs, each side polling its window (ucx_perftest
+    /// `ucp_put_lat`).
+    Latency,
+}
+
+/// The part this process plays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Role {
+    /// Both sides from one command: with shm the target is spawned as a
+    /// child process; with loopback it is a worker in this process.
+    Standalone,
+    /// Exposes a window, prints its connection string, and serves until
+    /// its standard input closes.
+    Target,
+    /// Connects to a target's connection string given with `--peer`.
+    Initiator,
+}
+
+/// `rfbench`: a nixlbench-style benchmark of ringfence.
+///
+/// With no arguments it spawns a target process, sweeps PUT block sizes
+/// 8 B to 64 KiB and batch sizes 1 to 32 over the shm driver, and prints
+/// the nixlbench table.
+#[derive(Debug, Clone, Parser, Serialize)]
+#[command(name = "rfbench", version, about, long_about = None)]
+pub struct Cli {
+    /// Transport (only shm and loopback are built).
+    #[arg(long, value_enum, default_value_t = DriverKind::Shm)]
+    pub driver: DriverKind,
+    /// Operation of each transfer.
+    #[arg(long, value_enum, default_value_t = OpKind::Write)]
+    pub op: OpKind,
+    /// First block size in bytes (a power of two).
+    #[arg(long, default_value_t = 8, value_parser = parse_size)]
+    pub start_block_size: u64,
+    /// Last block size in bytes (a power of two; doubling from the first).
+    #[arg(long, default_value_t = 64 << 10, value_parser = parse_size)]
+    pub max_block_size: u64,
+    /// First batch size (transfers per batch; a power of two).
+    #[arg(long, default_value_t = 1)]
+    pub start_batch_size: u64,
+    /// Last batch size (a power of two; doubling from the first).
+    #[arg(long, default_value_t = 32)]
+    pub max_batch_size: u64,
+    /// Timed batches per row (latency mode: round trips).
+    #[arg(long, default_value_t = 1000)]
+    pub num_iter: u64,
+    /// Untimed batches before each row (latency mode: round trips).
+    #[arg(long, default_value_t = 100)]
+    pub warmup_iter: u64,
+    /// Fence inserted between transfers.
+    #[arg(long, value_enum, default_value_t = FenceKind::None)]
+    pub fence: FenceKind,
+    /// A fence after every N transfers of a batch (with `--fence`).
+    #[arg(long, default_value_t = 1)]
+    pub fence_every: u64,
+    /// One NOTIFY at the end of every batch, as nixlbench does.
+    #[arg(long)]
+    pub notify: bool,
+    /// Fill with patterns and verify the transferred bytes after each row.
+    #[arg(long)]
+    pub check_consistency: bool,
+    /// Test only: the target corrupts its window so that the consistency
+    /// check must fail.
+    #[arg(long, hide = true)]
+    pub corrupt_for_test: bool,
+    /// Who makes progress on the initiator's worker.
+    #[arg(long, value_enum, default_value_t = ProgressKind::Inline)]
+    pub progress: ProgressKind,
+    /// CPU to pin the progress thread to (the core thread with
+    /// `--progress core-thread`, else the bench thread).
+    #[arg(long)]
+    pub cpu: Option<usize>,
+    /// Lanes per endpoint (1-64, capped by the driver).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=64))]
+    pub lanes: u8,
+    /// One JSON object per row (with the full configuration) instead of
+    /// the table.
+    #[arg(long, conflicts_with = "csv")]
+    pub json: bool,
+    /// CSV (a header, then one line per row) instead of the table.
+    #[arg(long)]
+    pub csv: bool,
+    /// Bandwidth sweep, or ping-pong latency.
+    #[arg(long, value_enum, default_value_t = Mode::Bandwidth)]
+    pub mode: Mode,
+    /// Write an SVG plot of bandwidth and latency against block size.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<std::path::PathBuf>,
+    /// The part this process plays.
+    #[arg(long, value_enum, default_value_t = Role::Standalone)]
+    pub role: Role,
+    /// Target: address to listen on (network drivers only; shm needs none:
+    /// the target prints its connection string).
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// Initiator: the connection string a `--role target` printed.
+    #[arg(long, value_name = "ADDR")]
+    pub peer: Option<String>,
+    /// Internal: this target was spawned by a standalone rfbench and
+    /// speaks the command protocol on its standard input and output.
+    #[arg(long, hide = true)]
+    #[serde(skip)]
+    pub spawned: bool,
+}
+
+/// Parses a size: digits, optionally followed by `K`, `M` or `G` (powers
+/// of 1024).
+fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (digits, shift) = match t.chars().last() {
+        Some('k' | 'K') => (&t[..t.len() - 1], 10),
+        Some('m' | 'M') => (&t[..t.len() - 1], 20),
+        Some('g' | 'G') => (&t[..t.len() - 1], 30),
+        _ => (t, 0),
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("`{s}` is not a size (digits, optionally with K, M or G)"))?;
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("`{s}` is too large"))
+}
+
+/// The largest block size (1 GiB: the shm driver's largest PUT).
+pub const MAX_BLOCK: u64 = 1 << 30;
+/// The largest batch size (stays inside the default rings: SQ 256).
+pub const MAX_BATCH: u64 = 128;
+/// Bytes of the window: every transfer of the largest batch at its own
+/// offset, for the largest block.
+pub fn window_len(op: OpKind, max_block: u64, max_batch: u64) -> usize {
+    let block = if op == OpKind::Atomic { 8 } else { max_block };
+    (block * max_batch).max(4096) as usize
+}
+
+impl Cli {
+    /// Checks what clap cannot: powers of two, ranges, and combinations.
+    ///
+    /// # Errors
+    /// [`BenchError::Usage`] naming the option.
+    pub fn validate(&self) -> Result<(), BenchError> {
+        let usage = |m: String| Err(BenchError::Usage(m));
+        if !self.driver.is_built() {
+            return usage(format!(
+                "driver `{}` is not built into this rfbench (built: shm, loopback)",
+                self.driver.name()
+            ));
+        }
+        for (name, v, max) in [
+            ("--start-block-size", self.start_block_size, MAX_BLOCK),
+            ("--max-block-size", self.max_block_size, MAX_BLOCK),
+            ("--start-batch-size", self.start_batch_size, MAX_BATCH),
+            ("--max-batch-size", self.max_batch_size, MAX_BATCH),
+        ] {
+            if v == 0 || !v.is_power_of_two() || v > max {
+                return usage(format!(
+                    "{name} must be a power of two from 1 to {max}, not {v}"
+                ));
+            }
+        }
+        if self.start_block_size > self.max_block_size {
+            return usage("--start-block-size is larger than --max-block-size".into());
+        }
+        if self.start_batch_size > self.max_batch_size {
+            return usage("--start-batch-size is larger than --max-batch-size".into());
+        }
+        if self.num_iter == 0 {
+            return usage("--num-iter must be at least 1".into());
+        }
+        if self.fence_every == 0 {
+            return usage("--fence-every must be at least 1".into());
+        }
+        if self.mode == Mode::Latency {
+            if self.start_block_size < 8 {
+                return usage("--mode latency needs blocks of at least 8 bytes".into());
+            }
+            if self.op != OpKind::Write {
+                return usage("--mode latency measures PUTs: use --op write".into());
+            }
+        }
+        if self.listen.is_some() {
+            return usage(format!(
+                "--listen is for network drivers; driver `{}` needs none (the target prints its connection string)",
+                self.driver.name()
+            ));
+        }
+        match self.role {
+            Role::Initiator => {
+                if self.peer.is_none() {
+                    return usage(
+                        "--role initiator needs --peer (the string the target printed)".into(),
+                    );
+                }
+                if self.driver != DriverKind::Shm {
+                    return usage("--role initiator needs --driver shm".into());
+                }
+                if self.mode == Mode::Latency || self.check_consistency {
+                    return usage(
+                        "--mode latency and --check-consistency need the target's cooperation: run without --role (standalone)".into(),
+                    );
+                }
+            }
+            Role::Target if self.driver != DriverKind::Shm => {
+                return usage("--role target needs --driver shm".into());
+            }
+            _ if self.peer.is_some() => {
+                return usage("--peer is for --role initiator".into());
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// The block sizes of the sweep, in order (atomics: only 8).
+    pub fn block_sizes(&self) -> Vec<u64> {
+        if self.op == OpKind::Atomic {
+            return vec![8];
+        }
+        doubling(self.start_block_size, self.max_block_size)
+    }
+
+    /// The batch sizes of the sweep (latency mode: one, for one round trip).
+    pub fn batch_sizes(&self) -> Vec<u64> {
+        if self.mode == Mode::Latency {
+            return vec![1];
+        }
+        doubling(self.start_batch_size, self.max_batch_size)
+    }
+
+    /// Bytes of the target's window for this sweep.
+    pub fn window_len(&self) -> usize {
+        window_len(self.op, self.max_block_size, self.max_batch_size)
+    }
+}
+
+fn doubling(start: u64, max: u64) -> Vec<u64> {
+    std::iter::successors(Some(start), |&v| v.checked_mul(2))
+        .take_while(|&v| v <= max)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cli(args: &[&str]) -> Cli {
+        Cli::try_parse_from(std::iter::once("rfbench").chain(args.iter().copied())).unwrap()
+    }
+
+    #[test]
+    fn sizes_parse_with_suffixes() {
+        assert_eq!(parse_size("64K"), Ok(65536));
+        assert_eq!(parse_size("1m"), Ok(1 << 20));
+        assert_eq!(parse_size("8"), Ok(8));
+        assert!(parse_size("x").is_err());
+        assert!(parse_size("99999999999G").is_err());
+    }
+
+    #[test]
+    fn the_default_sweep() {
+        let c = cli(&[]);
+        c.validate().unwrap();
+        assert_eq!(c.block_sizes().len(), 14);
+        assert_eq!(c.batch_sizes(), vec![1, 2, 4, 8, 16, 32]);
+        assert_eq!(c.window_len(), (64 << 10) * 32);
+    }
+
+    #[test]
+    fn bad_combinations_are_usage_errors() {
+        for args in [
+            &["--start-block-size", "3"][..],
+            &["--start-block-size", "128", "--max-block-size", "64"],
+            &["--driver", "tcp"],
+            &["--num-iter", "0"],
+            &["--role", "initiator"],
+            &["--peer", "x"],
+            &["--mode", "latency", "--start-block-size", "4"],
+        ] {
+            let e = cli(args).validate().unwrap_err();
+            assert!(matches!(e, BenchError::Usage(_)), "{args:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn atomics_have_one_block_size() {
+        let c = cli(&["--op", "atomic", "--max-batch-size", "4"]);
+        assert_eq!(c.block_sizes(), vec![8]);
+        assert_eq!(c.window_len(), 4096);
+    }
+}

@@ -1,0 +1,298 @@
+//! `rfbench`, the nixlbench-style benchmark: sweeps block and batch sizes of
+//! PUT, GET or ATOMIC batches from an initiator worker into a target's
+//! registered window and prints nixlbench's table; or measures one-way PUT
+//! latency with a ping-pong (`--mode latency`).
+//!
+//! ```text
+//!  standalone, shm:   rfbench ──spawns──▶ rfbench --role target --spawned
+//!                        │  ◀── connection string (stdout) ──┘
+//!                        │  ── prepare / verify / pong (stdin) ──▶
+//!                        └── PUT/GET/ATOMIC/NOTIFY over shm ──▶ window (memfd)
+//!  standalone, loopback: initiator and target workers in this process
+//! ```
+//!
+//! - [`cli`]: the options and the sweep they describe.
+//! - [`rig`]: the initiator and the timed loop of one row.
+//! - [`target`]: the target's window, consistency checks, the child process
+//!   and its line protocol, the connection string.
+//! - [`latency`]: the ping-pong.
+//! - [`stats`]: HDR histograms and rows; [`report`]: table, JSON, CSV;
+//!   [`plot`]: the SVG.
+
+pub mod cli;
+pub mod error;
+pub mod latency;
+pub mod plot;
+pub mod report;
+pub mod rig;
+pub mod stats;
+pub mod target;
+
+pub use cli::Cli;
+pub use error::BenchError;
+
+use cli::{DriverKind, Mode, ProgressKind, Role};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use report::Format;
+use ringfence::{Loopback, Worker};
+use ringfence_shm::Shm;
+use stats::{LatencyRow, Row};
+use std::io::IsTerminal;
+use target::{ChildTarget, Connection, LocalTarget, RemoteTarget, Target, TargetState};
+
+/// SQ entries of the workers: the largest batch (128), a fence after each
+/// transfer, and a NOTIFY fit.
+const SQ_ENTRIES: u32 = 512;
+
+/// A worker for `kind`, with `cli`'s lanes (environment overrides apply).
+///
+/// # Errors
+/// The driver or the worker cannot be built.
+pub fn worker(kind: DriverKind, cli: &Cli) -> Result<Worker, BenchError> {
+    let mut b = Worker::builder();
+    match kind {
+        DriverKind::Shm => b.driver(Shm::new()?),
+        DriverKind::Loopback => b.driver(Loopback::new()),
+        other => {
+            return Err(BenchError::Usage(format!(
+                "driver `{}` is not built into this rfbench",
+                other.name()
+            )));
+        }
+    };
+    b.lanes(cli.lanes)
+        .ring_entries(SQ_ENTRIES, 2 * SQ_ENTRIES)
+        .requests(2 * SQ_ENTRIES)
+        .build()
+        .map_err(BenchError::engine("building a worker"))
+}
+
+/// Pins the calling thread to `cpu`.
+///
+/// # Errors
+/// The CPU does not exist or cannot be used.
+pub fn pin_this_thread(cpu: usize) -> Result<(), BenchError> {
+    use nix::sched::{CpuSet, sched_setaffinity};
+    let mut set = CpuSet::new();
+    set.set(cpu)
+        .map_err(|e| BenchError::Usage(format!("--cpu {cpu}: {e}")))?;
+    sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)
+        .map_err(|e| BenchError::Usage(format!("--cpu {cpu}: {e}")))
+}
+
+/// A progress bar over `rows` rows on standard error, only when standard
+/// output is a terminal.
+fn progress_bar(rows: u64) -> ProgressBar {
+    if !std::io::stdout().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::with_draw_target(Some(rows), ProgressDrawTarget::stderr());
+    if let Ok(style) = ProgressStyle::with_template("{bar:40} {pos}/{len} rows {elapsed} {msg}") {
+        bar.set_style(style);
+    }
+    bar
+}
+
+/// Runs `rfbench` as `cli` says.
+///
+/// # Errors
+/// Any [`BenchError`]; [`BenchError::exit_code`] gives the exit status.
+pub fn run(cli: &Cli) -> Result<(), BenchError> {
+    cli.validate()?;
+    match cli.role {
+        Role::Target => target::serve(cli, worker(DriverKind::Shm, cli)?),
+        Role::Initiator => {
+            let conn = Connection::decode(cli.peer.as_deref().unwrap_or_default())?;
+            let initiator = rig::Initiator::new(worker(DriverKind::Shm, cli)?, &conn, cli)?;
+            bandwidth(cli, initiator, &mut RemoteTarget, "")
+        }
+        Role::Standalone => match (cli.driver, cli.mode) {
+            (DriverKind::Shm, Mode::Bandwidth) => {
+                let mut child = ChildTarget::spawn(cli)?;
+                let conn = child.connection.clone();
+                let initiator = rig::Initiator::new(worker(DriverKind::Shm, cli)?, &conn, cli)?;
+                bandwidth(cli, initiator, &mut child, " (target: a child process)")
+            }
+            (DriverKind::Shm, Mode::Latency) => latency_shm(cli),
+            (_, Mode::Bandwidth) => {
+                let state = TargetState::new(
+                    worker(DriverKind::Loopback, cli)?,
+                    cli.window_len(),
+                    cli.corrupt_for_test,
+                )?;
+                let conn = state.connection()?;
+                let initiator =
+                    rig::Initiator::new(worker(DriverKind::Loopback, cli)?, &conn, cli)?;
+                bandwidth(
+                    cli,
+                    initiator,
+                    &mut LocalTarget(state),
+                    " (target: this process)",
+                )
+            }
+            (_, Mode::Latency) => latency_loopback(cli),
+        },
+    }
+}
+
+fn emit(line: &str) -> Result<(), BenchError> {
+    report::emit(line).map_err(BenchError::io("writing to standard output"))
+}
+
+/// The bandwidth sweep.
+fn bandwidth(
+    cli: &Cli,
+    mut initiator: rig::Initiator,
+    target: &mut dyn Target,
+    note: &str,
+) -> Result<(), BenchError> {
+    let format = Format::of(cli);
+    emit(&report::header(cli, format, note))?;
+    let (blocks, batches) = (cli.block_sizes(), cli.batch_sizes());
+    let bar = progress_bar((blocks.len() * batches.len()) as u64);
+    let mut rows: Vec<Row> = Vec::new();
+    for &block in &blocks {
+        for &batch in &batches {
+            bar.set_message(format!("{block} B x {batch}"));
+            let r = initiator.row(cli, target, block, batch)?;
+            bar.suspend(|| emit(&report::row(cli, format, &r)))?;
+            bar.inc(1);
+            rows.push(r);
+        }
+    }
+    bar.finish_and_clear();
+    if let Some(path) = &cli.plot {
+        let by_batch = |value: fn(&Row) -> f64| -> Vec<plot::Series> {
+            batches
+                .iter()
+                .map(|&b| plot::Series {
+                    label: format!("batch {b}"),
+                    points: rows
+                        .iter()
+                        .filter(|r| r.batch_size == b)
+                        .map(|r| (r.block_size, value(r)))
+                        .collect(),
+                })
+                .collect()
+        };
+        plot::write(
+            path,
+            &format!("rfbench {} {:?}", cli.driver.name(), cli.op).to_lowercase(),
+            &by_batch(|r| r.bw_gb_per_sec),
+            &by_batch(|r| r.tx.avg_us),
+            "Avg Tx (us) per batch",
+        )?;
+    }
+    Ok(())
+}
+
+fn latency_output(cli: &Cli, rows: &[LatencyRow]) -> Result<(), BenchError> {
+    if let Some(path) = &cli.plot {
+        let series = |label: &str, value: fn(&LatencyRow) -> f64| {
+            vec![plot::Series {
+                label: label.into(),
+                points: rows.iter().map(|r| (r.block_size, value(r))).collect(),
+            }]
+        };
+        plot::write(
+            path,
+            &format!("rfbench {} put latency", cli.driver.name()),
+            &series("one way, from the median", |r| r.bw_gb_per_sec),
+            &series("typical (median) one way", |r| r.typical_lat_us),
+            "one-way latency (us)",
+        )?;
+    }
+    Ok(())
+}
+
+/// Prints the header and returns the row printer for latency mode.
+fn latency_printer(cli: &Cli, note: &str) -> Result<impl FnMut(&LatencyRow), BenchError> {
+    let format = Format::of(cli);
+    emit(&report::header(cli, format, note))?;
+    let cli = cli.clone();
+    Ok(move |r: &LatencyRow| {
+        let _ = report::emit(&report::latency_row(&cli, format, r));
+    })
+}
+
+/// Latency over loopback: the answering side runs on a second thread.
+fn latency_loopback(cli: &Cli) -> Result<(), BenchError> {
+    let sizes = cli.block_sizes();
+    let max = *sizes.last().unwrap_or(&8);
+    let mut ping_worker = worker(DriverKind::Loopback, cli)?;
+    let pong_worker = worker(DriverKind::Loopback, cli)?;
+    let alloc = |w: &Worker| {
+        w.alloc_registered(max as usize)
+            .map_err(BenchError::engine("allocating a window"))
+    };
+    let (ping_window, pong_window) = (alloc(&ping_worker)?, alloc(&pong_worker)?);
+    let ping_conn = Connection::of(&ping_worker, &ping_window)?;
+    let pong_conn = Connection::of(&pong_worker, &pong_window)?;
+    let rounds = cli.warmup_iter + cli.num_iter;
+    let pong_sizes = sizes.clone();
+    let answering = std::thread::Builder::new()
+        .name("rfbench-pong".into())
+        .spawn(move || {
+            let mut side =
+                latency::Side::connect(&pong_worker, &ping_conn, pong_window, max, true)?;
+            latency::pong(&mut side, &pong_sizes, rounds)
+        })
+        .map_err(BenchError::io("spawning the answering thread"))?;
+    let inline = cli.progress == ProgressKind::Inline;
+    if inline {
+        if let Some(cpu) = cli.cpu {
+            pin_this_thread(cpu)?;
+        }
+    } else {
+        ping_worker
+            .start_core_thread(cli.cpu)
+            .map_err(BenchError::engine("starting the core thread"))?;
+    }
+    let result = (|| {
+        let mut side = latency::Side::connect(&ping_worker, &pong_conn, ping_window, max, inline)?;
+        let printer = latency_printer(cli, " (answering side: a second thread)")?;
+        latency::ping(&mut side, &sizes, cli.warmup_iter, cli.num_iter, printer)
+    })();
+    let answered = answering
+        .join()
+        .map_err(|_| BenchError::Target("the answering thread panicked".into()))?;
+    let rows = result?;
+    answered?;
+    latency_output(cli, &rows)
+}
+
+/// Latency over shm: the answering side is the child target process.
+fn latency_shm(cli: &Cli) -> Result<(), BenchError> {
+    let sizes = cli.block_sizes();
+    let max = *sizes.last().unwrap_or(&8);
+    let mut child = ChildTarget::spawn(cli)?;
+    let mut w = worker(DriverKind::Shm, cli)?;
+    let window = w
+        .alloc_registered(max as usize)
+        .map_err(BenchError::engine("allocating a window"))?;
+    let own = Connection::of(&w, &window)?;
+    let words: Vec<String> = sizes.iter().map(u64::to_string).collect();
+    child.send(&format!(
+        "pong {} {} {} {}",
+        own.encode(),
+        cli.warmup_iter,
+        cli.num_iter,
+        words.join(" ")
+    ))?;
+    child.expect_ok()?;
+    let inline = cli.progress == ProgressKind::Inline;
+    if inline {
+        if let Some(cpu) = cli.cpu {
+            pin_this_thread(cpu)?;
+        }
+    } else {
+        w.start_core_thread(cli.cpu)
+            .map_err(BenchError::engine("starting the core thread"))?;
+    }
+    let conn = child.connection.clone();
+    let mut side = latency::Side::connect(&w, &conn, window, max, inline)?;
+    let printer = latency_printer(cli, " (answering side: a child process)")?;
+    let rows = latency::ping(&mut side, &sizes, cli.warmup_iter, cli.num_iter, printer)?;
+    child.expect_ok()?;
+    latency_output(cli, &rows)
+}

@@ -1,0 +1,218 @@
+//! `rfbench` from the outside: the built binary, its exit status and its
+//! output. Small sweeps keep the suite fast on two cores.
+
+use assert_cmd::Command;
+
+fn rfbench() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rfbench"));
+    // Only the options given here steer the run.
+    for (k, _) in std::env::vars() {
+        if k.starts_with("RINGFENCE_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.timeout(std::time::Duration::from_secs(60));
+    cmd
+}
+
+/// A small sweep: 8 B to 4 KiB, batches 1 to 8.
+const SMALL: [&str; 8] = [
+    "--max-block-size",
+    "4K",
+    "--max-batch-size",
+    "8",
+    "--num-iter",
+    "50",
+    "--warmup-iter",
+    "5",
+];
+
+const COLUMNS: [&str; 10] = [
+    "Block Size (B)",
+    "Batch Size",
+    "B/W (GB/Sec)",
+    "Avg Lat. (us)",
+    "Avg Prep (us)",
+    "P99 Prep (us)",
+    "Avg Post (us)",
+    "P99 Post (us)",
+    "Avg Tx (us)",
+    "P99 Tx (us)",
+];
+
+fn stdout_of(args: &[&str]) -> String {
+    let out = rfbench().args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "rfbench {args:?}: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The rows of a table: lines that start with a number.
+fn rows(table: &str) -> Vec<Vec<f64>> {
+    table
+        .lines()
+        .filter(|l| l.starts_with(|c: char| c.is_ascii_digit()))
+        .map(|l| l.split_whitespace().map(|c| c.parse().unwrap()).collect())
+        .collect()
+}
+
+#[test]
+fn the_default_run_spawns_a_target_and_prints_every_column() {
+    // The default (shm, two processes), with the default sweep: it must
+    // finish well inside the timeout.
+    let start = std::time::Instant::now();
+    let table = stdout_of(&[]);
+    assert!(start.elapsed().as_secs() < 60);
+    for c in COLUMNS {
+        assert!(table.contains(c), "column {c} missing:\n{table}");
+    }
+    assert!(table.contains("shm (target: a child process)"), "{table}");
+    let rows = rows(&table);
+    assert_eq!(rows.len(), 14 * 6, "8 B..64 KiB x batch 1..32:\n{table}");
+    for r in &rows {
+        assert_eq!(r.len(), 10, "{r:?}");
+        assert!(r[2] > 0.0, "bandwidth {r:?}");
+    }
+    assert_eq!((rows[0][0], rows[0][1]), (8.0, 1.0));
+    assert_eq!((rows[83][0], rows[83][1]), (65536.0, 32.0));
+}
+
+#[test]
+fn loopback_and_shm_pass_their_consistency_checks() {
+    for driver in ["loopback", "shm"] {
+        for op in ["write", "read", "atomic"] {
+            let mut args = vec!["--driver", driver, "--op", op, "--check-consistency"];
+            args.extend_from_slice(&SMALL);
+            let table = stdout_of(&args);
+            assert!(!rows(&table).is_empty(), "{driver} {op}:\n{table}");
+        }
+    }
+    // Fences and notifications on the way.
+    let mut args = vec![
+        "--driver",
+        "shm",
+        "--fence",
+        "strong",
+        "--fence-every",
+        "2",
+        "--notify",
+        "--check-consistency",
+    ];
+    args.extend_from_slice(&SMALL);
+    stdout_of(&args);
+}
+
+#[test]
+fn json_lines_parse_and_carry_the_configuration() {
+    let mut args = vec!["--driver", "loopback", "--json", "--op", "read"];
+    args.extend_from_slice(&SMALL);
+    let out = stdout_of(&args);
+    let lines: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert_eq!(lines.len(), 10 * 4);
+    for v in &lines {
+        for key in ["block_size", "batch_size", "bw_gb_per_sec", "avg_lat_us"] {
+            assert!(v[key].is_number(), "{key} in {v}");
+        }
+        for phase in ["prep", "post", "tx"] {
+            assert!(v[phase]["p99_us"].is_number(), "{phase} in {v}");
+        }
+        assert_eq!(v["config"]["driver"], "loopback");
+        assert_eq!(v["config"]["op"], "read");
+        assert_eq!(v["config"]["num_iter"], 50);
+        assert_eq!(v["config"]["max_block_size"], 4096);
+    }
+}
+
+#[test]
+fn csv_has_the_nixlbench_header() {
+    let mut args = vec!["--driver", "loopback", "--csv"];
+    args.extend_from_slice(&SMALL);
+    let out = stdout_of(&args);
+    let mut lines = out.lines();
+    assert_eq!(lines.next(), Some(COLUMNS.join(",").as_str()));
+    assert_eq!(lines.count(), 10 * 4);
+}
+
+#[test]
+fn a_corrupted_target_fails_the_check() {
+    for driver in ["loopback", "shm"] {
+        for op in ["write", "read"] {
+            let mut args = vec![
+                "--driver",
+                driver,
+                "--op",
+                op,
+                "--check-consistency",
+                "--corrupt-for-test",
+            ];
+            args.extend_from_slice(&SMALL);
+            let out = rfbench().args(&args).output().unwrap();
+            assert_eq!(out.status.code(), Some(1), "{driver} {op}");
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                err.contains("consistency check failed") && err.contains("expected"),
+                "{driver} {op}: {err}"
+            );
+        }
+    }
+}
+
+#[test]
+fn latency_mode_reports_one_way_latency() {
+    for driver in ["loopback", "shm"] {
+        let dir = tempfile::tempdir().unwrap();
+        let plot = dir.path().join("lat.svg");
+        let out = stdout_of(&[
+            "--driver",
+            driver,
+            "--mode",
+            "latency",
+            "--max-block-size",
+            "64",
+            "--num-iter",
+            "2000",
+            "--plot",
+            plot.to_str().unwrap(),
+        ]);
+        assert!(out.contains("Typical Lat. (us)"), "{out}");
+        let rows = rows(&out);
+        assert_eq!(rows.len(), 4, "{out}");
+        for r in rows {
+            assert!(r[2] > 0.0 && r[4] >= r[2], "p99 >= median: {r:?}");
+        }
+        let svg = std::fs::read_to_string(&plot).unwrap();
+        assert!(svg.contains("<svg"));
+    }
+}
+
+#[test]
+fn bad_arguments_are_a_clear_message_and_status_2() {
+    for (args, says) in [
+        (&["--bogus"][..], "unexpected argument"),
+        (&["--op", "fly"], "invalid value 'fly'"),
+        (&["--start-block-size", "3"], "power of two"),
+        (
+            &["--start-block-size", "64", "--max-block-size", "8"],
+            "larger than --max-block-size",
+        ),
+        (&["--driver", "verbs"], "not built"),
+        (&["--role", "initiator"], "--peer"),
+        (
+            &["--role", "initiator", "--peer", "nonsense"],
+            "connection string",
+        ),
+    ] {
+        let out = rfbench().args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert!(out.stdout.is_empty(), "{args:?}");
+    }
+}
