@@ -202,6 +202,14 @@ impl EndpointCold {
 mod tests {
     use super::*;
 
+    /// FENCE.md W6: the fence state (epochs, masks, the in-flight target,
+    /// the deferred FIFO, the weak admission) fits the hot endpoint line
+    /// (UCX's ucp_ep_ext_t grew 216 -> 256 B with its fence).
+    #[test]
+    fn w6_the_hot_endpoint_state_is_one_cache_line() {
+        assert_eq!(core::mem::size_of::<Endpoint>(), 64);
+    }
+
     #[test]
     fn lanes_by_operation_and_size() {
         let mut one = Endpoint::new(0, 0, 1);
