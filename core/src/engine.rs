@@ -6,8 +6,9 @@
 //! has overflowed CQEs); validate each and hand it to its endpoint, which
 //! starts it or queues it (FENCE.md R14, R18); dispatch a bounded batch from
 //! each endpoint that has queued work (R19); poll the drivers and complete
-//! what finished; post incoming notifications; publish CQEs and ring CQ
-//! doorbells of applications that sleep.
+//! what finished; dispatch again what those completions admitted; post
+//! incoming notifications; publish CQEs and ring CQ doorbells of
+//! applications that sleep.
 //!
 //! Nothing here re-enters: a driver never calls the engine, a completion
 //! only records its effect and schedules the endpoint, and dispatch runs
@@ -272,6 +273,9 @@ impl Engine {
         }
         work += self.dispatch_scheduled();
         work += self.poll_drivers();
+        // Requests a completion just admitted start in this round, not the
+        // next: a second, separate pass (never from inside the completion).
+        work += self.dispatch_scheduled();
         work += self.post_notifications();
         for q in &mut self.queues {
             q.publish();
