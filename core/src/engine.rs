@@ -183,6 +183,9 @@ enum Started {
 pub(crate) struct Engine {
     pub(crate) config: Config,
     pub(crate) drivers: Vec<Box<dyn Driver>>,
+    /// Each driver's capabilities, read once: validation consults them for
+    /// every SQE.
+    capabilities: Vec<crate::driver::Capabilities>,
     pub(crate) queues: Vec<EngineQueue>,
     pub(crate) endpoints: Vec<Endpoint>,
     pub(crate) cold: Vec<EndpointCold>,
@@ -213,9 +216,11 @@ impl Engine {
                 notify: notify.clone(),
             });
         }
+        let capabilities = drivers.iter().map(|d| d.capabilities()).collect();
         Engine {
             config,
             drivers,
+            capabilities,
             queues: Vec::new(),
             endpoints: Vec::new(),
             cold: Vec::new(),
@@ -413,7 +418,7 @@ impl Engine {
             // R43: nothing is queued behind a close.
             (EpState::Closing | EpState::Closed, _) => return Err(Status::EndpointClosed),
         }
-        let caps = self.drivers[ep.driver as usize].capabilities();
+        let caps = &self.capabilities[ep.driver as usize];
         let mut request = Request::from_sqe(sqe, opcode, ep_index as u16, flags);
         let len = u64::from(sqe.len);
         match opcode {

@@ -50,12 +50,44 @@ struct Export {
     secret: u64,
 }
 
+/// Exported regions by id. Ids are handed out in sequence from 1, so a
+/// vector indexed by id is the table: every remote access looks one up.
+#[derive(Debug, Default)]
+struct Exports {
+    by_id: Vec<Option<Export>>,
+}
+
+impl Exports {
+    /// The live export `id` (an id from the wire: any value is safe).
+    fn get(&self, id: u32) -> Option<&Export> {
+        self.by_id.get(id as usize)?.as_ref()
+    }
+
+    fn insert(&mut self, id: u32, export: Export) {
+        let index = id as usize;
+        if self.by_id.len() <= index {
+            self.by_id.resize(index + 1, None);
+        }
+        self.by_id[index] = Some(export);
+    }
+
+    fn remove(&mut self, id: u32) {
+        if let Some(slot) = self.by_id.get_mut(id as usize) {
+            *slot = None;
+        }
+    }
+
+    fn clear(&mut self) {
+        self.by_id.clear();
+    }
+}
+
 /// One loopback worker as its peers see it.
 #[derive(Debug)]
 struct Node {
     id: u64,
     alive: AtomicBool,
-    exports: RwLock<HashMap<u32, Export>>,
+    exports: RwLock<Exports>,
     notify: OnceLock<Arc<NotifyPool>>,
 }
 
@@ -121,7 +153,7 @@ impl Loopback {
         let node = Arc::new(Node {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             alive: AtomicBool::new(true),
-            exports: RwLock::new(HashMap::new()),
+            exports: RwLock::new(Exports::default()),
             notify: OnceLock::new(),
         });
         fabric()
@@ -162,7 +194,7 @@ impl Loopback {
             .ok_or(Status::InvalidRkey)?;
         let exports = peer.exports.read().unwrap_or_else(|e| e.into_inner());
         let export = exports
-            .get(&key.region)
+            .get(key.region)
             .filter(|e| e.secret == key.secret)
             .ok_or(Status::AccessDenied)?;
         if !within(export.base, export.len, remote_addr, u64::from(op.len)) {
@@ -317,13 +349,13 @@ impl Driver for Loopback {
             .exports
             .write()
             .unwrap_or_else(|e| e.into_inner())
-            .remove(&(key.0 as u32));
+            .remove(key.0 as u32);
     }
 
     fn pack_rkey(&self, key: DriverMemKey) -> Result<Vec<u8>, DriverError> {
         let exports = self.node.exports.read().unwrap_or_else(|e| e.into_inner());
         let export = exports
-            .get(&(key.0 as u32))
+            .get(key.0 as u32)
             .ok_or_else(|| err(Status::InvalidMemHandle, "not registered"))?;
         let mut blob = self.node.id.to_le_bytes().to_vec();
         blob.extend_from_slice(&(key.0 as u32).to_le_bytes());
