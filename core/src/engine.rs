@@ -68,8 +68,8 @@ pub(crate) struct EngineQueue {
     sq: Consumer<Sqe>,
     cq: Producer<Cqe>,
     pool: Pool,
-    /// CQEs that found the CQ full, oldest first. Capacity covers every
-    /// request plus every notification buffer, so it never grows.
+    /// CQEs that found the CQ full, oldest first. Its capacity covers the
+    /// most that can wait here (see `new`), so it never grows.
     overflow: VecDeque<Cqe>,
     cq_bell: Option<Arc<Doorbell>>,
     /// CQEs pushed this round, to publish.
@@ -90,7 +90,12 @@ impl EngineQueue {
             sq,
             cq,
             pool: Pool::new(requests),
-            overflow: VecDeque::with_capacity(requests as usize + notify_buffers as usize),
+            // Bound: one CQE per request, per notification buffer, and per
+            // SQE of the intake batch that overflowed (NOPs and invalid SQEs
+            // complete without a request).
+            overflow: VecDeque::with_capacity(
+                requests as usize + notify_buffers as usize + INTAKE_BATCH,
+            ),
             cq_bell,
             pushed: false,
             broken: false,
