@@ -3,7 +3,7 @@
 //! with bounded, yielding waits.
 
 use crate::{Backoff, Deadline};
-use ringfence::{Cqe, QueuePair, Worker};
+use ringfence::{Cqe, EndpointId, QueuePair, RkeyId, Worker};
 use ringfence_ring::Sqe;
 use ringfence_shm::Shm;
 use std::io::{ErrorKind, Read, Write};
@@ -110,6 +110,55 @@ impl Link {
         m.chunks_exact(8)
             .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
             .collect()
+    }
+
+    /// What a target child sends first: its worker address, its window's
+    /// packed key, and facts about the window (its base address first).
+    ///
+    /// # Panics
+    /// As [`recv`](Link::recv).
+    pub fn recv_offer(&mut self) -> Offer {
+        let (address, key) = (self.recv(), self.recv());
+        Offer {
+            address,
+            key,
+            window: self.recv_u64s(),
+        }
+    }
+}
+
+/// A target's offer: see [`Link::recv_offer`].
+#[derive(Debug)]
+pub struct Offer {
+    /// The target worker's address.
+    pub address: Vec<u8>,
+    /// The packed key of its window.
+    pub key: Vec<u8>,
+    /// Facts about the window; the first is its base address.
+    pub window: Vec<u64>,
+}
+
+impl Offer {
+    /// The window's base address.
+    ///
+    /// # Panics
+    /// If the target sent no window facts.
+    pub fn base(&self) -> u64 {
+        self.window[0]
+    }
+
+    /// Connects `worker` to the target: the endpoint and the window's key.
+    ///
+    /// # Panics
+    /// If connecting or unpacking fails.
+    pub fn connect(&self, worker: &Worker) -> (EndpointId, RkeyId) {
+        let ep = worker
+            .connect(&self.address)
+            .expect("connect to the target");
+        let rkey = worker
+            .unpack_rkey(ep, &self.key)
+            .expect("unpack the window's key");
+        (ep, rkey)
     }
 }
 

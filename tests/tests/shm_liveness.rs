@@ -36,11 +36,10 @@ fn sigkill_of_the_target_fails_every_outstanding_request() {
     let test = "sigkill_of_the_target_fails_every_outstanding_request";
     let mut child = ChildProcess::spawn(test, "target");
     let mut link = Link::new(child.socket.try_clone().unwrap());
-    let (address, key) = (link.recv(), link.recv());
-    let base = link.recv_u64s()[0];
+    let offer = link.recv_offer();
+    let base = offer.base();
     let w = shm::worker(1);
-    let ep = w.connect(&address).unwrap();
-    let rkey = w.unpack_rkey(ep, &key).unwrap();
+    let (ep, rkey) = offer.connect(&w);
     let src = w.alloc_registered(8192).unwrap();
     let mut qp = w.create_queue().unwrap();
     let e = ep.as_raw();
@@ -137,10 +136,9 @@ fn sigkill_of_the_target_fails_every_outstanding_request() {
     // And a new peer can be connected and used.
     let child = ChildProcess::spawn(test, "target");
     let mut link = Link::new(child.socket.try_clone().unwrap());
-    let (address, key) = (link.recv(), link.recv());
-    let base = link.recv_u64s()[0];
-    let ep = w.connect(&address).unwrap();
-    let rkey = w.unpack_rkey(ep, &key).unwrap();
+    let offer = link.recv_offer();
+    let base = offer.base();
+    let (ep, rkey) = offer.connect(&w);
     src.write(0, &pattern(64, 5));
     let remote = RemoteBuf {
         rkey: rkey.as_raw(),
@@ -167,11 +165,10 @@ const SLOT: u64 = 64;
 /// parent's window: the victim forever, the survivor `SURVIVOR_PAIRS`.
 fn streaming_initiator(id: u64) {
     let mut link = Link::new(child::parent_socket());
-    let (address, key) = (link.recv(), link.recv());
-    let base = link.recv_u64s()[0] + id * SURVIVOR_PAIRS * SLOT;
+    let offer = link.recv_offer();
+    let base = offer.base() + id * SURVIVOR_PAIRS * SLOT;
     let w = shm::worker(1);
-    let ep = w.connect(&address).unwrap();
-    let rkey = w.unpack_rkey(ep, &key).unwrap();
+    let (ep, rkey) = offer.connect(&w);
     let src = w.alloc_registered(64 * 1024).unwrap();
     let mut qp = w.create_queue().unwrap();
     let e = ep.as_raw();

@@ -71,11 +71,10 @@ fn notifications_arrive_in_order_after_their_data() {
     }
     let child = ChildProcess::spawn("notifications_arrive_in_order_after_their_data", "target");
     let mut link = Link::new(child.socket.try_clone().unwrap());
-    let (address, key) = (link.recv(), link.recv());
-    let base = link.recv_u64s()[0];
+    let offer = link.recv_offer();
+    let base = offer.base();
     let w = shm::worker(2);
-    let ep = w.connect(&address).unwrap();
-    let rkey = w.unpack_rkey(ep, &key).unwrap();
+    let (ep, rkey) = offer.connect(&w);
     let src = w.alloc_registered(64 * 1024).unwrap();
     let mut qp = w.create_queue().unwrap();
     let e = ep.as_raw();

@@ -49,13 +49,12 @@ fn put_and_get_from_1_byte_to_64_mib() {
     }
     let child = ChildProcess::spawn("put_and_get_from_1_byte_to_64_mib", "target");
     let mut link = Link::new(child.socket.try_clone().unwrap());
-    let (address, key) = (link.recv(), link.recv());
-    let [base, window_len] = link.recv_u64s()[..] else {
+    let offer = link.recv_offer();
+    let [base, window_len] = offer.window[..] else {
         panic!("window")
     };
     let w = shm::worker(4);
-    let ep = w.connect(&address).unwrap();
-    let rkey = w.unpack_rkey(ep, &key).unwrap();
+    let (ep, rkey) = offer.connect(&w);
     let src = w.alloc_registered(MAX).unwrap();
     let back = w.alloc_registered(MAX).unwrap();
     let mut qp = w.create_queue().unwrap();
@@ -174,11 +173,10 @@ fn atomics_contend_from_both_processes() {
     }
     let child = ChildProcess::spawn("atomics_contend_from_both_processes", "target");
     let mut link = Link::new(child.socket.try_clone().unwrap());
-    let (address, key) = (link.recv(), link.recv());
-    let base = link.recv_u64s()[0];
+    let offer = link.recv_offer();
+    let base = offer.base();
     let w = shm::worker(2);
-    let ep = w.connect(&address).unwrap();
-    let rkey = w.unpack_rkey(ep, &key).unwrap();
+    let (ep, rkey) = offer.connect(&w);
     link.send(b"go");
     let mut all = hammer(&w, ep, rkey, base);
     all.extend(link.recv_u64s());
@@ -235,11 +233,10 @@ fn mixed_operations_with_fences_match_a_model() {
     }
     let child = ChildProcess::spawn("mixed_operations_with_fences_match_a_model", "target");
     let mut link = Link::new(child.socket.try_clone().unwrap());
-    let (address, key) = (link.recv(), link.recv());
-    let base = link.recv_u64s()[0];
+    let offer = link.recv_offer();
+    let base = offer.base();
     let w = shm::worker(4);
-    let ep = w.connect(&address).unwrap();
-    let rkey = w.unpack_rkey(ep, &key).unwrap();
+    let (ep, rkey) = offer.connect(&w);
     let src = w.alloc_registered(BATCH * SLOT as usize).unwrap();
     let landing = w.alloc_registered(BATCH * SLOT as usize).unwrap();
     let results = w.alloc_registered(BATCH * 8).unwrap();
@@ -436,11 +433,10 @@ fn cross_memory_attach_for_heap_memory() {
     }
     let child = ChildProcess::spawn("cross_memory_attach_for_heap_memory", "target");
     let mut link = Link::new(child.socket.try_clone().unwrap());
-    let (address, key) = (link.recv(), link.recv());
-    let base = link.recv_u64s()[0];
+    let offer = link.recv_offer();
+    let base = offer.base();
     let w = shm::worker(1);
-    let ep = w.connect(&address).unwrap();
-    let rkey = w.unpack_rkey(ep, &key).unwrap();
+    let (ep, rkey) = offer.connect(&w);
     let src = w.alloc_registered(LEN * 2).unwrap();
     let mut qp = w.create_queue().unwrap();
     let e = ep.as_raw();

@@ -128,11 +128,11 @@ fn out_of_bounds_forged_and_revoked_accesses_are_refused() {
         "target",
     );
     let mut link = Link::new(child.socket.try_clone().unwrap());
-    let (address, key) = (link.recv(), link.recv());
-    let base = link.recv_u64s()[0];
+    let offer = link.recv_offer();
+    let base = offer.base();
     let w = shm::worker(1);
-    let ep = w.connect(&address).unwrap();
-    let rkey = w.unpack_rkey(ep, &key).unwrap();
+    let (ep, rkey) = offer.connect(&w);
+    let (address, key) = (&offer.address, &offer.key);
     let src = w.alloc_registered(8192).unwrap();
     src.write(0, &[0xab; 8192]);
     let mut qp = w.create_queue().unwrap();
@@ -220,7 +220,7 @@ fn out_of_bounds_forged_and_revoked_accesses_are_refused() {
 
     // Garbage on the target's socket: each connection is closed, and the
     // target keeps serving.
-    let name = shm::shm_socket_name(&address);
+    let name = shm::shm_socket_name(address);
     assert!(hostile(&name, b"hello?", &[]), "garbage");
     assert!(hostile(&name, &hello(4096), &[]), "HELLO without a page");
     let unsealed = memfd(512 + 4096, false);
@@ -242,8 +242,8 @@ fn out_of_bounds_forged_and_revoked_accesses_are_refused() {
     map.extend_from_slice(&[0u8; 20]);
     assert!(hostile(&name, &map, &[]), "MAP before HELLO");
     assert!(hostile(&name, &[0u8; 1000], &[]), "oversized");
-    let ep2 = w.connect(&address).unwrap();
-    let rkey2 = w.unpack_rkey(ep2, &key).unwrap();
+    let ep2 = w.connect(address).unwrap();
+    let rkey2 = w.unpack_rkey(ep2, key).unwrap();
     let res = run_one(
         &w,
         &mut qp,
@@ -274,7 +274,7 @@ fn out_of_bounds_forged_and_revoked_accesses_are_refused() {
     );
     assert_eq!(res, Status::AccessDenied.as_raw());
     assert_eq!(
-        status_of(&w.unpack_rkey(ep, &key).unwrap_err()),
+        status_of(&w.unpack_rkey(ep, key).unwrap_err()),
         Status::AccessDenied
     );
     link.send(&[]);
