@@ -209,6 +209,14 @@ impl<T: Entry> Consumer<T> {
         Ok(self.available(1)? > 0)
     }
 
+    /// This ring's memory and this side's indices as raw pointers, for code
+    /// that takes the consumer side over (the C ABI); see
+    /// [`RawParts`](crate::RawParts).
+    #[cfg(not(loom))]
+    pub fn as_raw_parts(&self) -> crate::RawParts<T> {
+        self.ring.raw_parts(self.head, self.cached_tail)
+    }
+
     /// Whether the producer set [`OVERFLOW`](ProducerLine::OVERFLOW).
     ///
     /// # Staleness

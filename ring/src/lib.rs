@@ -110,6 +110,8 @@ pub use layout::{
     BadEntries, ConsumerLine, Layout, MAX_ENTRIES, ProducerLine, RegionHeader, RingOffsets,
 };
 pub use producer::Producer;
+#[cfg(not(loom))]
+pub use raw::RawParts;
 pub use raw::channel;
 #[cfg(not(loom))]
 pub use region::{AppSide, EngineSide, Region, RegionBuilder, RegionError};

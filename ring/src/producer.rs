@@ -243,6 +243,23 @@ impl<T: Entry> Producer<T> {
         Ok(n)
     }
 
+    /// This ring's memory and this side's indices as raw pointers, for code
+    /// that takes the producer side over (the C ABI); see
+    /// [`RawParts`](crate::RawParts). Publish pending entries first: the
+    /// parts carry the local tail, which includes them.
+    ///
+    /// # Examples
+    /// ```
+    /// use ringfence_ring::{Cqe, channel};
+    /// let (tx, _rx) = channel::<Cqe>(8);
+    /// let parts = tx.as_raw_parts();
+    /// assert_eq!((parts.capacity, parts.index, parts.cached_peer), (8, 0, 0));
+    /// ```
+    #[cfg(not(loom))]
+    pub fn as_raw_parts(&self) -> crate::RawParts<T> {
+        self.ring.raw_parts(self.tail, self.cached_head)
+    }
+
     /// Sets or clears the [`OVERFLOW`](crate::ProducerLine::OVERFLOW) flag
     /// (a CQ producer holds completions that did not fit).
     #[inline]

@@ -67,6 +67,70 @@ impl<T> RawRing<T> {
     pub(crate) fn capacity(&self) -> u32 {
         self.mask + 1
     }
+
+    /// Where this ring's shared words and slots are, with one side's local
+    /// indices (`index`, `cached_peer`) filled in by the caller.
+    #[cfg(not(loom))]
+    pub(crate) fn raw_parts(&self, index: u32, cached_peer: u32) -> RawParts<T>
+    where
+        T: Copy,
+    {
+        let producer = self.producer_line();
+        let consumer = self.consumer_line();
+        RawParts {
+            tail: NonNull::from(&producer.tail).cast(),
+            producer_flags: NonNull::from(&producer.flags).cast(),
+            head: NonNull::from(&consumer.head).cast(),
+            consumer_flags: NonNull::from(&consumer.flags).cast(),
+            entries: self.cells.as_ptr(),
+            capacity: self.capacity(),
+            index,
+            cached_peer,
+        }
+    }
+}
+
+/// The memory of one ring as raw pointers, for code outside Rust that runs
+/// one side of the ring protocol itself: the C ABI's inline helpers in
+/// `ringfence.h`, which write SQEs and read CQEs in place as liburing does.
+///
+/// Taken from a [`Producer`] ([`as_raw_parts`](Producer::as_raw_parts)) or
+/// a [`Consumer`] ([`as_raw_parts`](Consumer::as_raw_parts)); whoever uses
+/// it takes that side over and must follow the protocol of
+/// [`producer`](crate::producer) and [`consumer`](crate::consumer) exactly
+/// (the orderings in the crate docs' table), and must not use the Rust side
+/// it came from any more.
+///
+/// The four index words are `AtomicU32`s in shared memory (`u32` in layout);
+/// access them only atomically. Every pointer stays valid while the
+/// [`Producer`] or [`Consumer`] it came from (or anything else that keeps the
+/// ring's memory, such as its [`Region`](crate::Region)) lives.
+#[cfg(not(loom))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawParts<T> {
+    /// [`ProducerLine`]'s `tail`: written by the producer (Release), read by
+    /// the consumer (Acquire).
+    pub tail: NonNull<u32>,
+    /// [`ProducerLine`]'s flags ([`ProducerLine::OVERFLOW`]): written by the
+    /// producer (Release), read by the consumer (Acquire).
+    pub producer_flags: NonNull<u32>,
+    /// [`ConsumerLine`]'s `head`: written by the consumer (Release), read by
+    /// the producer (Acquire).
+    pub head: NonNull<u32>,
+    /// [`ConsumerLine`]'s flags ([`ConsumerLine::NEED_WAKEUP`]): written by
+    /// the consumer (Relaxed, then a SeqCst fence), read by the producer
+    /// (a SeqCst fence, then Relaxed).
+    pub consumer_flags: NonNull<u32>,
+    /// The first of `capacity` entries.
+    pub entries: NonNull<T>,
+    /// Number of entries; a power of two (the mask is `capacity - 1`).
+    pub capacity: u32,
+    /// The side's own free-running index: the producer's `tail` (next slot
+    /// to fill) or the consumer's `head` (next slot to read).
+    pub index: u32,
+    /// The side's cached copy of the peer's index: the producer's cached
+    /// head, or the consumer's cached tail.
+    pub cached_peer: u32,
 }
 
 impl<T> Clone for RawRing<T> {
@@ -423,6 +487,40 @@ mod tests {
     }
 
     #[test]
+    fn raw_parts_point_at_the_shared_words_and_slots() {
+        let (mut tx, mut rx) = channel::<Cqe>(4);
+        tx.push(cqe(7)).unwrap();
+        tx.submit();
+        let (p, c) = (tx.as_raw_parts(), rx.as_raw_parts());
+        assert_eq!((p.capacity, p.index, p.cached_peer), (4, 1, 0));
+        assert_eq!((c.capacity, c.index, c.cached_peer), (4, 0, 0));
+        assert_eq!((p.tail, p.head, p.entries), (c.tail, c.head, c.entries));
+        // SAFETY: the ring lives (`tx`, `rx`); the words are read
+        // atomically, and slot 0 was published by `submit`.
+        unsafe {
+            assert_eq!(
+                AtomicU32::from_ptr(p.tail.as_ptr()).load(Ordering::Acquire),
+                1
+            );
+            assert_eq!(p.entries.as_ptr().read(), cqe(7));
+        }
+        assert_eq!(rx.pop(), Ok(Some(cqe(7))));
+        // SAFETY: as above.
+        let head = unsafe { AtomicU32::from_ptr(c.head.as_ptr()).load(Ordering::Acquire) };
+        assert_eq!(head, 1);
+        tx.set_overflow(true);
+        // SAFETY: as above.
+        let flags =
+            unsafe { AtomicU32::from_ptr(c.producer_flags.as_ptr()).load(Ordering::Acquire) };
+        assert_eq!(flags, crate::ProducerLine::OVERFLOW);
+        assert_eq!(rx.prepare_wait(), Ok(true));
+        // SAFETY: as above.
+        let flags =
+            unsafe { AtomicU32::from_ptr(p.consumer_flags.as_ptr()).load(Ordering::Relaxed) };
+        assert_eq!(flags, crate::ConsumerLine::NEED_WAKEUP);
+    }
+
+    #[test]
     #[should_panic(expected = "ring capacity must be a power of two")]
     fn capacity_must_be_a_power_of_two() {
         let _ = channel::<Cqe>(12);
@@ -441,5 +539,5 @@ mod tests {
     }
 
     use crate::error::Corrupt;
-    use crate::sync::Ordering;
+    use crate::sync::{AtomicU32, Ordering};
 }

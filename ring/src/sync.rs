@@ -48,6 +48,13 @@ mod cells {
             Self { base, len }
         }
 
+        /// The first slot: where the entry array starts, for code that runs
+        /// the ring protocol itself ([`RawParts`](crate::RawParts)).
+        #[inline]
+        pub(crate) fn as_ptr(&self) -> NonNull<T> {
+            self.base
+        }
+
         /// A pointer to slot `index`, for the producer to fill in place.
         ///
         /// # Safety
