@@ -11,7 +11,8 @@ use crate::stats::Stats;
 use crate::sys::mem::OwnedMem;
 use crate::sys::notify::NotifyPool;
 use ringfence_ring::{
-    Consumer, Corrupt, Cqe, Doorbell, LocalBuf, Producer, Region, RingError, Sqe, Status, WaitError,
+    Consumer, Corrupt, Cqe, Doorbell, LocalBuf, Producer, RawParts, Region, RingError, Sqe, Status,
+    WaitError,
 };
 use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -859,6 +860,40 @@ impl QueuePair {
             buffer,
             data,
         })
+    }
+
+    /// The SQ as raw pointers, for code that writes SQEs in place and
+    /// publishes them itself: the C ABI's inline helpers (see
+    /// [`RawParts`]). Whoever takes it over publishes with the ring's
+    /// protocol, then calls [`raw_submitted`](QueuePair::raw_submitted)
+    /// when the engine asked to be woken, and uses neither
+    /// [`push`](QueuePair::push) nor [`submit`](QueuePair::submit) again.
+    /// The pointers stay valid while this queue pair lives.
+    pub fn as_raw_sq(&self) -> RawParts<Sqe> {
+        self.sq.as_raw_parts()
+    }
+
+    /// The CQ as raw pointers, for code that reads CQEs in place and frees
+    /// their slots itself (see [`as_raw_sq`](QueuePair::as_raw_sq)); it
+    /// then uses neither [`pop`](QueuePair::pop) nor
+    /// [`reap`](QueuePair::reap) again. The pointers stay valid while this
+    /// queue pair lives.
+    pub fn as_raw_cq(&self) -> RawParts<Cqe> {
+        self.cq.as_raw_parts()
+    }
+
+    /// What [`submit`](QueuePair::submit) does after its store, for SQEs
+    /// published through [`as_raw_sq`](QueuePair::as_raw_sq): wakes the
+    /// core thread if it sleeps (NEED_WAKEUP, read after a SeqCst fence);
+    /// after the worker is dropped, completes them at once with CANCELED.
+    pub fn raw_submitted(&self) {
+        if self.shared.shut_down.load(Ordering::Acquire) {
+            self.shared.engine().cancel_intake(self.index);
+        } else if self.sq.needs_wakeup() {
+            if let Err(e) = self.shared.sq_bell.ring() {
+                tracing::error!(error = %e, "SQ doorbell failed");
+            }
+        }
     }
 }
 
