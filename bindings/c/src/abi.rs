@@ -1,0 +1,394 @@
+//! The types and constants that C sees: `struct rf_sqe`, `struct rf_cqe`,
+//! `struct rf_ring`, `struct rf_worker_config`, the handle types, and the
+//! `RF_*` values of opcodes, flags and statuses.
+//!
+//! cbindgen copies these into `ringfence.h`. Values are literals (cbindgen
+//! cannot evaluate calls), and each is asserted below to equal the
+//! `ringfence-ring` value it mirrors, so the two cannot drift apart.
+#![allow(non_camel_case_types)]
+
+use core::ffi::c_char;
+use ringfence_ring::{
+    AtomicOp, CloseMode, ConsumerLine, Cqe, CqeFlags, FenceMode, Opcode, ProducerLine, Sqe,
+    SqeFlags, Status,
+};
+use static_assertions::{assert_eq_size, const_assert_eq};
+
+/// A worker: drivers, endpoints, memory, rings and the progress loop.
+/// A generation-checked handle, never a pointer; 0 is never valid.
+pub type rf_worker_t = u64;
+
+/// A ring (one SQ and one CQ, for one thread). A generation-checked
+/// handle, never a pointer; 0 is never valid.
+pub type rf_ring_t = u64;
+
+/// A submission queue entry: one operation, exactly 64 bytes. The same
+/// layout as the Rust `ringfence_ring::Sqe` (asserted on both sides). Fill
+/// it with the `rf_prep_*` helpers; reserved fields must be zero.
+#[repr(C, align(64))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct rf_sqe {
+    /// `RF_OP_*`.
+    pub opcode: u8,
+    /// `RF_SQE_*` flags.
+    pub flags: u8,
+    /// `RF_ATOMIC_*` of an ATOMIC, `RF_FENCE_*` of a FENCE, `RF_CLOSE_*`
+    /// of a CLOSE; zero otherwise.
+    pub subop: u8,
+    /// Reserved; zero.
+    pub reserved0: u8,
+    /// The endpoint id (from `rf_ep_connect`); NOP ignores it.
+    pub endpoint: u32,
+    /// Bytes to move (PUT, GET, NOTIFY); 8 for ATOMIC.
+    pub len: u32,
+    /// Local memory handle of `local_addr` (from `rf_mem_register` or
+    /// `rf_mem_alloc`).
+    pub local_mem: u32,
+    /// Local address: PUT source, GET destination, the fetched value of an
+    /// atomic, the NOTIFY payload.
+    pub local_addr: u64,
+    /// Remote address of PUT, GET and ATOMIC.
+    pub remote_addr: u64,
+    /// Remote key id of `remote_addr` (from `rf_rkey_unpack`).
+    pub rkey: u32,
+    /// Reserved; zero.
+    pub reserved1: u32,
+    /// ATOMIC operand: the addend, the new value of SWAP, the compare value
+    /// of CSWAP.
+    pub operand: u64,
+    /// The swap value of CSWAP; zero otherwise.
+    pub operand2: u64,
+    /// Returned untouched in the CQE.
+    pub user_data: u64,
+}
+
+/// A completion queue entry: exactly 16 bytes, the same layout as the Rust
+/// `ringfence_ring::Cqe`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct rf_cqe {
+    /// The `user_data` of the SQE this completes (or of the notification
+    /// buffer, for an incoming notification).
+    pub user_data: u64,
+    /// Zero or more: success (bytes moved where that applies). Negative: an
+    /// `RF_E*` status.
+    pub res: i32,
+    /// `RF_CQE_*` flags; bits 16..32 hold a notification's buffer id.
+    pub flags: u32,
+}
+
+// The C structs are the Rust entries, field for field.
+assert_eq_size!(rf_sqe, Sqe);
+assert_eq_size!(rf_cqe, Cqe);
+const_assert_eq!(align_of::<rf_sqe>(), align_of::<Sqe>());
+const_assert_eq!(align_of::<rf_cqe>(), align_of::<Cqe>());
+macro_rules! same_offsets {
+    ($c:ty, $rust:ty: $($field:ident),+) => {
+        $( const_assert_eq!(core::mem::offset_of!($c, $field), core::mem::offset_of!($rust, $field)); )+
+    };
+}
+same_offsets!(rf_sqe, Sqe: opcode, flags, subop, reserved0, endpoint, len, local_mem, local_addr,
+    remote_addr, rkey, reserved1, operand, operand2, user_data);
+same_offsets!(rf_cqe, Cqe: user_data, res, flags);
+
+/// One thread's ring: its SQ and CQ as pointers into the ring memory, plus
+/// the thread's own indices. Filled by `rf_ring_create`; used by the inline
+/// helpers (`rf_get_sqe`, `rf_submit`, `rf_peek_cqe`, ...), which follow the
+/// Rust `Producer`/`Consumer` protocol exactly. One thread at a time uses a
+/// ring. `shared_*` words are written by the engine; `cached_*` are this
+/// thread's copies of them; `local_*` are this thread's own indices.
+#[repr(C)]
+#[derive(Debug)]
+pub struct rf_ring {
+    /// SQ tail in ring memory: written here (release store, `rf_submit`),
+    /// read by the engine (acquire).
+    pub sq_tail: *mut u32,
+    /// SQ head in ring memory: written by the engine (release), read here
+    /// (acquire) when `sq_cached_head` says the SQ is full.
+    pub sq_shared_head: *mut u32,
+    /// The engine's SQ flags (`RF_SQ_NEED_WAKEUP`), read by `rf_submit`
+    /// after a sequentially consistent fence.
+    pub sq_shared_flags: *mut u32,
+    /// The SQ's `sq_entries` slots.
+    pub sqes: *mut rf_sqe,
+    /// `sq_entries - 1`.
+    pub sq_mask: u32,
+    /// SQ slots; a power of two.
+    pub sq_entries: u32,
+    /// The next SQ slot to fill (free-running).
+    pub sq_local_tail: u32,
+    /// The tail last stored to `sq_tail`.
+    pub sq_published: u32,
+    /// The engine's SQ head as last loaded; may be stale (behind).
+    pub sq_cached_head: u32,
+    /// Reserved.
+    pub sq_reserved: u32,
+    /// CQ head in ring memory: written here (release store,
+    /// `rf_cq_advance`), read by the engine (acquire).
+    pub cq_head: *mut u32,
+    /// CQ tail in ring memory: written by the engine (release), read here
+    /// (acquire) when `cq_cached_tail` says the CQ is empty.
+    pub cq_shared_tail: *mut u32,
+    /// The engine's CQ flags (`RF_CQ_OVERFLOW`), acquire.
+    pub cq_shared_flags: *mut u32,
+    /// This thread's CQ flags (`RF_CQ_NEED_WAKEUP`), set by
+    /// `rf_ring_cq_arm`.
+    pub cq_wait_flags: *mut u32,
+    /// The CQ's `cq_entries` slots.
+    pub cqes: *mut rf_cqe,
+    /// `cq_entries - 1`.
+    pub cq_mask: u32,
+    /// CQ slots; a power of two.
+    pub cq_entries: u32,
+    /// The next CQ slot to read (free-running).
+    pub cq_local_head: u32,
+    /// The engine's CQ tail as last loaded; may be stale (behind).
+    pub cq_cached_tail: u32,
+    /// The ring's handle, for the library calls that take the ring.
+    pub handle: rf_ring_t,
+    /// Reserved.
+    pub reserved: [u64; 4],
+}
+
+/// How `rf_worker_create` builds a worker. Start from
+/// `rf_worker_config_init`; a zero numeric field means the default (or the
+/// `RINGFENCE_*` environment variable, unless `ignore_env` is set).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct rf_worker_config {
+    /// Comma-separated driver names in priority order (`"shm"`,
+    /// `"loopback"`), NUL-terminated; NULL for the default (`"shm"` when the
+    /// library has it, else `"loopback"`).
+    pub drivers: *const c_char,
+    /// SQ entries of each ring (power of two, at most 65536).
+    pub sq_entries: u32,
+    /// CQ entries of each ring (power of two, at most 65536).
+    pub cq_entries: u32,
+    /// Requests in flight per ring.
+    pub requests: u32,
+    /// Lanes per endpoint (1 to 64, capped by the driver).
+    pub lanes: u32,
+    /// Notification buffers.
+    pub notify_buffers: u32,
+    /// Bytes per notification buffer.
+    pub notify_size: u32,
+    /// Non-zero: start the core thread (busy-polling progress) at creation.
+    pub core_thread: u32,
+    /// The core thread's CPU; negative: `RINGFENCE_CORE_CPU`, else not
+    /// pinned.
+    pub core_cpu: i32,
+    /// Non-zero: ignore `RINGFENCE_*` environment variables.
+    pub ignore_env: u32,
+    /// Reserved; zero.
+    pub reserved: [u32; 7],
+}
+
+// ------------------------------------------------------------------ values
+
+/// The library version, `major << 16 | minor << 8 | patch`, as returned by
+/// `rf_version`.
+pub const RF_VERSION: u32 = 0x00_01_00;
+
+/// Opcode: does nothing; completes with `res = 0`.
+pub const RF_OP_NOP: u8 = 0;
+/// Opcode: writes `len` bytes from local to remote memory.
+pub const RF_OP_PUT: u8 = 1;
+/// Opcode: reads `len` bytes from remote into local memory.
+pub const RF_OP_GET: u8 = 2;
+/// Opcode: an 8-byte atomic on remote memory (`subop`: `RF_ATOMIC_*`).
+pub const RF_OP_ATOMIC: u8 = 3;
+/// Opcode: orders later operations after earlier ones (`subop`:
+/// `RF_FENCE_*`).
+pub const RF_OP_FENCE: u8 = 4;
+/// Opcode: completes when every earlier operation on the endpoint is
+/// remotely complete.
+pub const RF_OP_FLUSH: u8 = 5;
+/// Opcode: a small payload to the peer, after every earlier operation.
+pub const RF_OP_NOTIFY: u8 = 6;
+/// Opcode: closes the endpoint (`subop`: `RF_CLOSE_*`).
+pub const RF_OP_CLOSE: u8 = 7;
+
+/// SQE flag: post no CQE if the operation succeeds.
+pub const RF_SQE_SKIP_SUCCESS: u8 = 1;
+
+/// CQE flag: an incoming notification (`res` is the payload length; read
+/// it with `rf_notification_read`).
+pub const RF_CQE_NOTIFICATION: u32 = 1;
+/// Bits 16..32 of a notification CQE's flags: its buffer id.
+pub const RF_CQE_BUFFER_SHIFT: u32 = 16;
+
+/// Atomic: `*remote += operand`.
+pub const RF_ATOMIC_ADD: u8 = 0;
+/// Atomic: fetch-and-add.
+pub const RF_ATOMIC_FADD: u8 = 1;
+/// Atomic: swap.
+pub const RF_ATOMIC_SWAP: u8 = 2;
+/// Atomic: compare-and-swap (`operand` compare, `operand2` swap).
+pub const RF_ATOMIC_CSWAP: u8 = 3;
+
+/// Fence: orders later operations after earlier ones.
+pub const RF_FENCE_WEAK: u8 = 0;
+/// Fence: everything before is remotely complete before anything after
+/// starts.
+pub const RF_FENCE_STRONG: u8 = 1;
+
+/// Close after everything submitted before is remotely complete.
+pub const RF_CLOSE_GRACEFUL: u8 = 0;
+/// Close at once; queued operations complete with `RF_ECANCELED`.
+pub const RF_CLOSE_FORCE: u8 = 1;
+
+/// In `*sq_shared_flags`: the engine sleeps; `rf_submit` wakes it.
+pub const RF_SQ_NEED_WAKEUP: u32 = 1;
+/// In `*cq_wait_flags`: this thread waits on the CQ eventfd.
+pub const RF_CQ_NEED_WAKEUP: u32 = 1;
+/// In `*cq_shared_flags`: the engine holds completions that did not fit;
+/// it takes no SQEs from this ring until they are reaped.
+pub const RF_CQ_OVERFLOW: u32 = 1;
+
+const_assert_eq!(RF_OP_NOP, Opcode::NOP.as_raw());
+const_assert_eq!(RF_OP_PUT, Opcode::PUT.as_raw());
+const_assert_eq!(RF_OP_GET, Opcode::GET.as_raw());
+const_assert_eq!(RF_OP_ATOMIC, Opcode::ATOMIC.as_raw());
+const_assert_eq!(RF_OP_FENCE, Opcode::FENCE.as_raw());
+const_assert_eq!(RF_OP_FLUSH, Opcode::FLUSH.as_raw());
+const_assert_eq!(RF_OP_NOTIFY, Opcode::NOTIFY.as_raw());
+const_assert_eq!(RF_OP_CLOSE, Opcode::CLOSE.as_raw());
+const_assert_eq!(RF_SQE_SKIP_SUCCESS, SqeFlags::SKIP_SUCCESS.bits());
+const_assert_eq!(RF_CQE_NOTIFICATION, CqeFlags::NOTIFICATION.bits());
+const_assert_eq!(RF_CQE_BUFFER_SHIFT, ringfence_ring::CQE_BUFFER_SHIFT);
+const_assert_eq!(RF_ATOMIC_ADD, AtomicOp::ADD.as_raw());
+const_assert_eq!(RF_ATOMIC_FADD, AtomicOp::FADD.as_raw());
+const_assert_eq!(RF_ATOMIC_SWAP, AtomicOp::SWAP.as_raw());
+const_assert_eq!(RF_ATOMIC_CSWAP, AtomicOp::CSWAP.as_raw());
+const_assert_eq!(RF_FENCE_WEAK, FenceMode::WEAK.as_raw());
+const_assert_eq!(RF_FENCE_STRONG, FenceMode::STRONG.as_raw());
+const_assert_eq!(RF_CLOSE_GRACEFUL, CloseMode::GRACEFUL.as_raw());
+const_assert_eq!(RF_CLOSE_FORCE, CloseMode::FORCE.as_raw());
+const_assert_eq!(RF_SQ_NEED_WAKEUP, ConsumerLine::NEED_WAKEUP);
+const_assert_eq!(RF_CQ_NEED_WAKEUP, ConsumerLine::NEED_WAKEUP);
+const_assert_eq!(RF_CQ_OVERFLOW, ProducerLine::OVERFLOW);
+
+// Statuses: the values of the Rust `Status` (asserted below, by name).
+/// The operation was canceled before it ran.
+pub const RF_ECANCELED: i32 = -1;
+/// The SQE's opcode is unknown.
+pub const RF_EINVALID_OPCODE: i32 = -2;
+/// An unknown SQE flag, or a reserved field is not zero.
+pub const RF_EINVALID_FLAGS: i32 = -3;
+/// No such endpoint.
+pub const RF_EINVALID_ENDPOINT: i32 = -4;
+/// No such local memory handle (never registered, or deregistered).
+pub const RF_EINVALID_MEM_HANDLE: i32 = -5;
+/// No such remote key id.
+pub const RF_EINVALID_RKEY: i32 = -6;
+/// The range lies outside its registered region.
+pub const RF_EOUT_OF_BOUNDS: i32 = -7;
+/// An atomic's address is not 8-byte aligned.
+pub const RF_EMISALIGNED: i32 = -8;
+/// A zero length where data is required, or a length over the limit.
+pub const RF_EINVALID_LENGTH: i32 = -9;
+/// The target refused the access.
+pub const RF_EACCESS_DENIED: i32 = -10;
+/// The endpoint failed earlier.
+pub const RF_EENDPOINT_FAILED: i32 = -11;
+/// The endpoint was closed.
+pub const RF_EENDPOINT_CLOSED: i32 = -12;
+/// Out of resources (a full SQ, the request pool): try again later.
+pub const RF_ENO_RESOURCE: i32 = -13;
+/// The transport reported an error.
+pub const RF_ETRANSPORT: i32 = -14;
+/// Timed out.
+pub const RF_ETIMEOUT: i32 = -15;
+/// Not supported by the driver or this build.
+pub const RF_EUNSUPPORTED: i32 = -16;
+/// Ring indices are inconsistent (corrupt ring memory).
+pub const RF_ERING_CORRUPT: i32 = -17;
+/// The peer is gone.
+pub const RF_EPEER_UNREACHABLE: i32 = -18;
+/// An invalid argument: a NULL pointer, a bad value, a handle of the
+/// wrong kind.
+pub const RF_EINVALID_ARGUMENT: i32 = -19;
+/// The handle's object was destroyed.
+pub const RF_ESTALE_HANDLE: i32 = -20;
+/// Out of memory.
+pub const RF_ENO_MEMORY: i32 = -21;
+/// The object is in use.
+pub const RF_EBUSY: i32 = -22;
+/// The output buffer is too small, or a payload did not fit.
+pub const RF_ETRUNCATED: i32 = -23;
+/// Unknown atomic operation, fence mode or close mode.
+pub const RF_EINVALID_SUBOP: i32 = -24;
+/// An operating system error, or an internal error of the library.
+pub const RF_EIO: i32 = -25;
+
+/// Asserts each `RF_E*` constant equals the `Status` it is named after, and
+/// lists them for the tests.
+macro_rules! same_statuses {
+    ($( $name:ident => $status:ident, )+) => {
+        $( const_assert_eq!($name, Status::$status.as_raw()); )+
+        /// Every `RF_E*` name with its value, in value order.
+        #[cfg(test)]
+        pub(crate) const STATUS_NAMES: &[(&str, i32)] = &[$( (stringify!($name), $name) ),+];
+    };
+}
+
+same_statuses! {
+    RF_ECANCELED => Canceled,
+    RF_EINVALID_OPCODE => InvalidOpcode,
+    RF_EINVALID_FLAGS => InvalidFlags,
+    RF_EINVALID_ENDPOINT => InvalidEndpoint,
+    RF_EINVALID_MEM_HANDLE => InvalidMemHandle,
+    RF_EINVALID_RKEY => InvalidRkey,
+    RF_EOUT_OF_BOUNDS => OutOfBounds,
+    RF_EMISALIGNED => Misaligned,
+    RF_EINVALID_LENGTH => InvalidLength,
+    RF_EACCESS_DENIED => AccessDenied,
+    RF_EENDPOINT_FAILED => EndpointFailed,
+    RF_EENDPOINT_CLOSED => EndpointClosed,
+    RF_ENO_RESOURCE => NoResource,
+    RF_ETRANSPORT => Transport,
+    RF_ETIMEOUT => Timeout,
+    RF_EUNSUPPORTED => Unsupported,
+    RF_ERING_CORRUPT => RingCorrupt,
+    RF_EPEER_UNREACHABLE => PeerUnreachable,
+    RF_EINVALID_ARGUMENT => InvalidArgument,
+    RF_ESTALE_HANDLE => StaleHandle,
+    RF_ENO_MEMORY => NoMemory,
+    RF_EBUSY => Busy,
+    RF_ETRUNCATED => Truncated,
+    RF_EINVALID_SUBOP => InvalidSubop,
+    RF_EIO => Io,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_status_has_its_c_name() {
+        assert_eq!(STATUS_NAMES.len(), Status::ALL.len());
+        for (&(name, value), status) in STATUS_NAMES.iter().zip(Status::ALL) {
+            assert_eq!(value, status.as_raw(), "{name}");
+            // The C name is the Rust variant's, shouted.
+            let mut shouted = String::from("RF_E");
+            for (i, c) in format!("{status:?}").chars().enumerate() {
+                if c.is_uppercase() && i > 0 {
+                    shouted.push('_');
+                }
+                shouted.push(c.to_ascii_uppercase());
+            }
+            assert_eq!(name, shouted);
+        }
+    }
+
+    #[test]
+    fn version_is_the_crate_version() {
+        let [major, minor, patch] = [
+            env!("CARGO_PKG_VERSION_MAJOR"),
+            env!("CARGO_PKG_VERSION_MINOR"),
+            env!("CARGO_PKG_VERSION_PATCH"),
+        ]
+        .map(|v| v.parse::<u32>().unwrap());
+        assert_eq!(RF_VERSION, major << 16 | minor << 8 | patch);
+    }
+}
