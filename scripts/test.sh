@@ -29,6 +29,9 @@ apt_install() {
 
 missing=()
 command -v cc >/dev/null 2>&1 || missing+=(gcc libc6-dev)
+# The C ABI's tests: a C++ compile check of ringfence.h (gcc brings the
+# sanitizer runtimes, libasan and libubsan, with it).
+command -v g++ >/dev/null 2>&1 || missing+=(g++)
 command -v strip >/dev/null 2>&1 || missing+=(binutils)
 command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
 [ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}"
@@ -62,6 +65,14 @@ passed_steps+=(tests)
 # Each criterion bench once, untimed: proves the benches build and their
 # correctness checks pass. Timings come from `cargo bench` (benches/README.md).
 run_step bench-smoke cargo test -p ringfence-benches --benches --locked
+
+# The C ABI: libringfence's exports and pkg-config file, the C tests under
+# AddressSanitizer and UndefinedBehaviorSanitizer (two processes over shm
+# included), a C++17 compile of ringfence.h, and the examples. Its test
+# cases are counted with the others.
+say "c-tests: bindings/c/tests/run.sh"
+bindings/c/tests/run.sh 2>&1 | tee "$log_dir/c-tests.log"
+passed_steps+=(c-tests)
 
 RUSTDOCFLAGS="-D warnings" run_step docs cargo doc --workspace --no-deps --locked
 
@@ -103,7 +114,8 @@ run_step rflayout-core cargo run -q -p ringfence-tools --bin rflayout --locked -
   check target/debug/libringfence.rlib --baseline tools/layout-core.toml
 
 # ---------------------------------------------------------------- summary
-passed=$(grep -Eo 'test result: ok\. [0-9]+ passed' "$log_dir/cargo-test.log" | awk '{s += $4} END {print s + 0}')
+passed=$(grep -hEo 'test result: ok\. [0-9]+ passed' "$log_dir/cargo-test.log" "$log_dir/c-tests.log" \
+  | awk '{s += $4} END {print s + 0}')
 ignored=$(grep -Eo '[0-9]+ ignored' "$log_dir/cargo-test.log" | awk '{s += $1} END {print s + 0}')
 say "steps passed: ${passed_steps[*]}${skipped_steps:+; skipped: ${skipped_steps[*]}}"
 echo "tests: $passed passed, 0 failed, $ignored skipped"

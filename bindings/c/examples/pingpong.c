@@ -1,0 +1,224 @@
+/*
+ * Two processes over the shared-memory driver, busy-polling: a PUT, FENCE,
+ * GET ping-pong.
+ *
+ * The program runs itself twice: the first process (ping) forks and
+ * re-executes itself as the second (pong), passing one end of a socket pair.
+ * Each allocates a window and sends its address, key and window address to
+ * the other. Then, for every round, ping PUTs a sequence number into pong's
+ * window, FENCEs, and GETs it back (the GET must see the PUT); pong spins on
+ * its window until the number arrives and PUTs it into ping's window; ping
+ * spins until it sees it. Neither side calls into the library per
+ * operation except rf_progress: SQEs and CQEs go through the inline helpers.
+ *
+ *   cargo build --release -p ringfence-c
+ *   cc -O2 bindings/c/examples/pingpong.c $(pkg-config --cflags --libs ringfence) -o pingpong
+ *   ./pingpong [rounds]
+ */
+#define _GNU_SOURCE
+#include <ringfence.h>
+
+#include <inttypes.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define TRY(call)                                                                         \
+    do {                                                                                  \
+        int rc_ = (call);                                                                 \
+        if (rc_ < 0) {                                                                    \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, rf_strerror(rc_)); \
+            exit(1);                                                                      \
+        }                                                                                 \
+    } while (0)
+
+static void send_all(int fd, const void *p, size_t len)
+{
+    for (const char *b = p; len > 0;) {
+        ssize_t n = write(fd, b, len);
+        if (n <= 0)
+            exit(1);
+        b += n;
+        len -= (size_t)n;
+    }
+}
+
+static void recv_all(int fd, void *p, size_t len)
+{
+    for (char *b = p; len > 0;) {
+        ssize_t n = read(fd, b, len);
+        if (n <= 0)
+            exit(1);
+        b += n;
+        len -= (size_t)n;
+    }
+}
+
+/* A peer, as this process sees it. */
+struct side {
+    rf_worker_t worker;
+    struct rf_ring ring;
+    uint64_t *window; /* ours: the peer PUTs into it */
+    uint32_t window_mem;
+    uint64_t *scratch; /* ours: PUT source, GET destination */
+    uint32_t scratch_mem;
+    uint32_t ep, rkey; /* the peer's window */
+    uint64_t remote;
+};
+
+/* Creates the worker, ring and memory, and swaps window offers with the
+   peer on `fd`: address, key, window address. */
+static void setup(struct side *s, int fd)
+{
+    struct rf_worker_config config;
+    TRY(rf_worker_config_init(&config));
+    config.drivers = "shm";
+    TRY(rf_worker_create(&config, &s->worker));
+    TRY(rf_ring_create(s->worker, 0, 0, &s->ring));
+    TRY(rf_mem_alloc(s->worker, 4096, (void **)&s->window, &s->window_mem));
+    TRY(rf_mem_alloc(s->worker, 4096, (void **)&s->scratch, &s->scratch_mem));
+
+    uint8_t addr[512], key[512];
+    size_t lens[2];
+    TRY(rf_worker_address(s->worker, addr, sizeof addr, &lens[0]));
+    TRY(rf_rkey_pack(s->worker, s->window_mem, key, sizeof key, &lens[1]));
+    uint64_t base = (uint64_t)(uintptr_t)s->window;
+    send_all(fd, lens, sizeof lens);
+    send_all(fd, addr, lens[0]);
+    send_all(fd, key, lens[1]);
+    send_all(fd, &base, sizeof base);
+
+    recv_all(fd, lens, sizeof lens);
+    if (lens[0] > sizeof addr || lens[1] > sizeof key)
+        exit(1);
+    recv_all(fd, addr, lens[0]);
+    recv_all(fd, key, lens[1]);
+    recv_all(fd, &s->remote, sizeof s->remote);
+    TRY(rf_ep_connect(s->worker, addr, lens[0], &s->ep));
+    TRY(rf_rkey_unpack(s->worker, s->ep, key, lens[1], &s->rkey));
+}
+
+static void teardown(struct side *s)
+{
+    TRY(rf_ring_destroy(&s->ring));
+    TRY(rf_worker_destroy(s->worker)); /* frees the windows too */
+}
+
+/* Spins (yielding after a while, for machines with fewer cores than
+   processes) until the 8-byte word at `p` is no longer `old`; returns it. */
+static uint64_t spin_while(struct side *s, uint64_t *p, uint64_t old)
+{
+    uint64_t now;
+    for (uint64_t spins = 0; (now = __atomic_load_n(p, __ATOMIC_ACQUIRE)) == old; spins++) {
+        if (spins % 1024 == 1023) {
+            rf_progress(s->worker);
+            sched_yield();
+        }
+    }
+    return now;
+}
+
+/* PUTs `value` into the peer's window, skipping its CQE on success. */
+static void put_value(struct side *s, uint64_t value)
+{
+    s->scratch[0] = value;
+    struct rf_sqe *sqe = rf_get_sqe(&s->ring);
+    if (sqe == NULL)
+        exit(1);
+    rf_prep_put(sqe, s->ep, &s->scratch[0], s->scratch_mem, s->remote, s->rkey, 8);
+    rf_sqe_set_flags(sqe, RF_SQE_SKIP_SUCCESS);
+}
+
+/* Runs progress until the next CQE; returns it (copied). */
+static struct rf_cqe next_cqe(struct side *s)
+{
+    struct rf_cqe *cqe;
+    while (rf_peek_cqe(&s->ring, &cqe) != 0)
+        rf_progress(s->worker);
+    struct rf_cqe copy = *cqe;
+    rf_cqe_seen(&s->ring, cqe);
+    return copy;
+}
+
+static int pong(int fd)
+{
+    struct side s;
+    setup(&s, fd);
+    for (uint64_t last = 0;;) {
+        uint64_t got = last = spin_while(&s, s.window, last);
+        put_value(&s, got);
+        rf_submit(&s.ring);
+        rf_progress(s.worker);
+        if (got == UINT64_MAX)
+            break;
+    }
+    teardown(&s);
+    return 0;
+}
+
+static int ping(int fd, uint64_t rounds)
+{
+    struct side s;
+    setup(&s, fd);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (uint64_t seq = 1; seq <= rounds; seq++) {
+        uint64_t value = seq == rounds ? UINT64_MAX : seq;
+        put_value(&s, value);
+        struct rf_sqe *sqe = rf_get_sqe(&s.ring);
+        rf_prep_fence(sqe, s.ep, RF_FENCE_STRONG);
+        rf_sqe_set_flags(sqe, RF_SQE_SKIP_SUCCESS);
+        sqe = rf_get_sqe(&s.ring);
+        rf_prep_get(sqe, s.ep, &s.scratch[1], s.scratch_mem, s.remote, s.rkey, 8);
+        rf_sqe_set_data(sqe, seq);
+        rf_submit(&s.ring);
+        struct rf_cqe c = next_cqe(&s);
+        if (c.res != 8 || c.user_data != seq || s.scratch[1] != value) {
+            fprintf(stderr, "round %" PRIu64 ": GET returned %d, read %" PRIu64 "\n", seq,
+                    c.res, s.scratch[1]);
+            return 1;
+        }
+        if (spin_while(&s, s.window, seq - 1) != value) {
+            fprintf(stderr, "round %" PRIu64 ": a wrong answer\n", seq);
+            return 1;
+        }
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double ns = (double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec);
+    printf("pingpong: %" PRIu64 " rounds of PUT+FENCE+GET and an answer PUT, %.0f ns per round "
+           "trip\n",
+           rounds, ns / (double)rounds);
+    teardown(&s);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 3 && strcmp(argv[1], "pong") == 0)
+        return pong(atoi(argv[2]));
+    uint64_t rounds = argc > 1 ? strtoull(argv[1], NULL, 10) : 100000;
+    if (rounds == 0)
+        rounds = 1;
+    int pair[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, pair) != 0)
+        return 1;
+    pid_t child = fork();
+    if (child == 0) {
+        close(pair[0]);
+        char fd[16];
+        snprintf(fd, sizeof fd, "%d", pair[1]);
+        execl("/proc/self/exe", argv[0], "pong", fd, (char *)NULL);
+        perror("exec");
+        _exit(1);
+    }
+    close(pair[1]);
+    int rc = ping(pair[0], rounds);
+    int status = 0;
+    waitpid(child, &status, 0);
+    return rc != 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+}

@@ -1,0 +1,202 @@
+/*
+ * The inline ring helpers in one process (loopback driver): batches and
+ * wrap-around, a full CQ (overflow: nothing dropped, order kept), the core
+ * thread's NEED_WAKEUP sleep and rf_submit's wake-up, and waiting for CQEs
+ * in epoll on the CQ's eventfd.
+ */
+#include "rftest.h"
+
+#include <sys/epoll.h>
+#include <unistd.h>
+
+static rf_worker_t worker(int core_thread)
+{
+    struct rf_worker_config config;
+    MUST(rf_worker_config_init(&config));
+    config.drivers = "loopback";
+    config.ignore_env = 1;
+    config.core_thread = (uint32_t)core_thread;
+    rf_worker_t w = 0;
+    MUST(rf_worker_create(&config, &w));
+    return w;
+}
+
+static void nops_in_batches_wrap_in_order(void)
+{
+    rf_worker_t w = worker(0);
+    struct rf_ring ring;
+    MUST(rf_ring_create(w, 8, 8, &ring));
+    uint64_t next_in = 0, next_out = 0;
+    struct rf_cqe *cqes[5];
+    for (unsigned round = 0; round < 2000; round++) {
+        unsigned want = 1 + round % 7;
+        for (unsigned i = 0; i < want; i++) {
+            struct rf_sqe *sqe = rf_get_sqe(&ring);
+            if (sqe == NULL)
+                break;
+            rf_prep_nop(sqe);
+            rf_sqe_set_data(sqe, next_in++);
+        }
+        CHECK(rf_sq_pending(&ring) <= 8);
+        rf_submit(&ring);
+        CHECK(rf_sq_pending(&ring) == 0);
+        rf_progress(w);
+        int n = rf_peek_batch_cqe(&ring, cqes, round % 5 + 1);
+        CHECK(n >= 0);
+        for (int i = 0; i < n; i++) {
+            CHECK(cqes[i]->user_data == next_out && cqes[i]->res == 0);
+            next_out++;
+        }
+        rf_cq_advance(&ring, (unsigned)(n > 0 ? n : 0));
+    }
+    while (next_out < next_in) {
+        struct rf_cqe c = rft_one_cqe(w, &ring);
+        CHECK(c.user_data == next_out);
+        next_out++;
+    }
+    CHECK(next_in > 4000);
+    MUST(rf_ring_destroy(&ring));
+    MUST(rf_worker_destroy(w));
+}
+
+static void a_full_cq_drops_nothing(void)
+{
+    rf_worker_t w = worker(0);
+    struct rf_ring ring;
+    MUST(rf_ring_create(w, 64, 4, &ring));
+    for (uint64_t i = 0; i < 64; i++) {
+        struct rf_sqe *sqe = rft_sqe(&ring);
+        rf_prep_nop(sqe);
+        rf_sqe_set_data(sqe, i);
+    }
+    CHECK(rf_get_sqe(&ring) == NULL); /* SQ full */
+    CHECK(rf_submit(&ring) == 64);
+    rf_progress(w);
+    rf_progress(w);
+    CHECK(rf_cq_overflowed(&ring));
+    for (uint64_t i = 0; i < 64; i++) {
+        struct rf_cqe c = rft_one_cqe(w, &ring);
+        CHECK(c.user_data == i && c.res == 0);
+    }
+    rf_progress(w);
+    CHECK(!rf_cq_overflowed(&ring));
+    MUST(rf_ring_destroy(&ring));
+    MUST(rf_worker_destroy(w));
+}
+
+static void put_and_get_through_loopback(void)
+{
+    rf_worker_t target = worker(0), w = worker(0);
+    uint8_t addr[512], key[512];
+    size_t addr_len = 0, key_len = 0;
+    uint32_t ep = 0, window_mem = 0, mem = 0, rkey = 0;
+    uint8_t *window = NULL;
+    static uint8_t local[8192];
+    MUST(rf_worker_address(target, addr, sizeof addr, &addr_len));
+    MUST(rf_mem_alloc(target, 4096, (void **)&window, &window_mem));
+    MUST(rf_rkey_pack(target, window_mem, key, sizeof key, &key_len));
+    MUST(rf_ep_connect(w, addr, addr_len, &ep));
+    MUST(rf_rkey_unpack(w, ep, key, key_len, &rkey));
+    MUST(rf_mem_register(w, local, sizeof local, &mem));
+    struct rf_ring ring;
+    MUST(rf_ring_create(w, 0, 0, &ring));
+    for (int i = 0; i < 4096; i++)
+        local[i] = (uint8_t)(i * 13);
+    struct rf_sqe *sqe = rft_sqe(&ring);
+    rf_prep_put(sqe, ep, local, mem, (uint64_t)(uintptr_t)window, rkey, 4096);
+    sqe = rft_sqe(&ring);
+    rf_prep_fence(sqe, ep, RF_FENCE_WEAK);
+    sqe = rft_sqe(&ring);
+    rf_prep_get(sqe, ep, local + 4096, mem, (uint64_t)(uintptr_t)window, rkey, 4096);
+    rf_sqe_set_data(sqe, 3);
+    rf_submit(&ring);
+    for (int i = 0; i < 3; i++)
+        CHECK(rft_one_cqe(w, &ring).res >= 0);
+    CHECK(memcmp(window, local, 4096) == 0);
+    CHECK(memcmp(local + 4096, local, 4096) == 0);
+    MUST(rf_ring_destroy(&ring));
+    MUST(rf_worker_destroy(w));
+    MUST(rf_worker_destroy(target));
+}
+
+/* The core thread sleeps when idle, announcing it with NEED_WAKEUP; the
+   next rf_submit must see the flag and wake it. */
+static void submit_wakes_a_sleeping_core_thread(void)
+{
+    rf_worker_t w = worker(1);
+    struct rf_ring ring;
+    MUST(rf_ring_create(w, 0, 0, &ring));
+    for (uint64_t i = 0; i < 5; i++) {
+        double deadline = rft_now() + RFT_HANG_SECONDS;
+        while (!(__atomic_load_n(ring.sq_shared_flags, __ATOMIC_ACQUIRE) & RF_SQ_NEED_WAKEUP)) {
+            CHECK(rft_now() < deadline);
+            if (rft_now() > deadline)
+                break;
+            sched_yield();
+        }
+        struct rf_sqe *sqe = rft_sqe(&ring);
+        rf_prep_nop(sqe);
+        rf_sqe_set_data(sqe, i);
+        CHECK(rf_submit(&ring) == 1);
+        struct rf_cqe c = rft_one_cqe(0, &ring); /* no rf_progress: the core thread */
+        CHECK(c.user_data == i);
+    }
+    MUST(rf_ring_destroy(&ring));
+    MUST(rf_worker_destroy(w)); /* stops the core thread */
+}
+
+/* An epoll loop: submit, arm the CQ eventfd, sleep in epoll_wait until the
+   core thread posts, disarm, reap. */
+static void epoll_on_the_cq_eventfd(void)
+{
+    rf_worker_t w = worker(1);
+    struct rf_ring ring;
+    MUST(rf_ring_create(w, 0, 0, &ring));
+    int fd = rf_ring_cq_fd(&ring);
+    CHECK(fd >= 0);
+    int ep = epoll_create1(EPOLL_CLOEXEC);
+    struct epoll_event ev = {.events = EPOLLIN, .data = {.u64 = 1}};
+    CHECK(epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) == 0);
+    int slept = 0;
+    for (uint64_t i = 0; i < 200; i++) {
+        struct rf_sqe *sqe = rft_sqe(&ring);
+        rf_prep_nop(sqe);
+        rf_sqe_set_data(sqe, i);
+        rf_submit(&ring);
+        double deadline = rft_now() + RFT_HANG_SECONDS;
+        struct rf_cqe *cqe = NULL;
+        while (rf_peek_cqe(&ring, &cqe) != 0) {
+            int armed = rf_ring_cq_arm(&ring);
+            CHECK(armed == 0 || armed == 1);
+            if (armed == 1) {
+                struct epoll_event got;
+                int n = epoll_wait(ep, &got, 1, 1000);
+                CHECK(n >= 0);
+                slept += n;
+            }
+            CHECK(rf_ring_cq_disarm(&ring) >= 0);
+            if (rft_now() > deadline) {
+                CHECK(!"no completion");
+                break;
+            }
+        }
+        if (cqe == NULL)
+            break;
+        CHECK(cqe->user_data == i);
+        rf_cqe_seen(&ring, cqe);
+    }
+    CHECK(slept > 0); /* at least once the eventfd did wake us */
+    close(ep);
+    MUST(rf_ring_destroy(&ring));
+    MUST(rf_worker_destroy(w));
+}
+
+int main(void)
+{
+    RFT_RUN(nops_in_batches_wrap_in_order);
+    RFT_RUN(a_full_cq_drops_nothing);
+    RFT_RUN(put_and_get_through_loopback);
+    RFT_RUN(submit_wakes_a_sleeping_core_thread);
+    RFT_RUN(epoll_on_the_cq_eventfd);
+    return rft_finish("ring");
+}
