@@ -40,6 +40,10 @@ pub struct Capabilities {
     pub max_lanes: u8,
     /// Largest single PUT/GET/NOTIFY in bytes.
     pub max_len: u32,
+    /// The driver runs runs of PUTs and GETs to completion inside one call
+    /// ([`Driver::execute`]), which the engine then prefers to one `post`
+    /// per operation.
+    pub execute: bool,
 }
 
 impl Capabilities {
@@ -53,6 +57,7 @@ impl Capabilities {
             mem_kinds: &[MemKind::Host],
             max_lanes,
             max_len,
+            execute: false,
         }
     }
 
@@ -295,6 +300,19 @@ pub trait Driver: Send + fmt::Debug + 'static {
 
     /// Starts one operation on `ep`. Must not allocate or block.
     fn post(&mut self, ep: DriverEp, op: &Op, token: Token) -> Posted;
+
+    /// Runs `ops` (PUTs and GETs of one endpoint, in order, all on one lane)
+    /// to completion inside the call, each exactly as `post` would run it,
+    /// and writes the result of each one run to `results` (as long as
+    /// `ops`). Returns how many ran, in order from the first; it may stop
+    /// early (after one that failed, or before one it cannot finish inside
+    /// the call), and the engine posts the rest one by one. Called only if
+    /// [`Capabilities::execute`] is set; the default runs none. Must not
+    /// allocate or block.
+    fn execute(&mut self, ep: DriverEp, ops: &[Op], results: &mut [Result<u32, Status>]) -> usize {
+        let _ = (ep, ops, results);
+        0
+    }
 
     /// Starts a flush of `lanes` of `ep`: it completes when every operation
     /// posted on those lanes before it is remotely complete. An empty mask

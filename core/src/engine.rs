@@ -38,7 +38,10 @@
 //! replaced is repeated before C moves (R39).
 
 use crate::config::Config;
-use crate::driver::{Completion, Driver, DriverContext, LaneMask, Op, OpKind, Posted, Token};
+use crate::driver::{
+    Completion, Driver, DriverContext, DriverMemKey, DriverRkey, LaneMask, Op, OpKind, Posted,
+    Token,
+};
 use crate::endpoint::{Endpoint, EndpointCold, EpState, NO_LANE, WEAK_FLAG_OWED};
 use crate::memory::{MemRegistry, RkeyTable, within};
 use crate::request::{NONE, Pool, Request, RequestId, State};
@@ -46,7 +49,7 @@ use crate::stats::Stats;
 use crate::sys::notify::{Delivery, NotifyPool};
 use ringfence_ring::{
     AtomicOp, CQE_BUFFER_SHIFT, Consumer, Cqe, CqeFlags, Doorbell, FenceMode, Opcode, Producer,
-    RingError, Sqe, Status,
+    RingError, Sqe, SqeFlags, Status,
 };
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -156,6 +159,84 @@ impl EngineQueue {
     }
 }
 
+/// What the direct path needs of an SQE it admits.
+#[derive(Debug, Clone, Copy)]
+struct Direct {
+    opcode: Opcode,
+    skip_success: bool,
+    keys: OpKeys,
+}
+
+/// The lookups of the last PUT or GET the direct path took, reused for the
+/// following SQEs of the same intake batch that name the same endpoint,
+/// registration and remote key (the common case: a stream of PUTs from one
+/// buffer into one window). Nothing changes registrations or remote keys
+/// during intake, so it is valid for one batch; it is reset at the start
+/// of each.
+#[derive(Debug, Clone, Copy)]
+struct Resolved {
+    endpoint: u32,
+    local_mem: u32,
+    rkey: u32,
+    max_len: u32,
+    get: bool,
+    /// Base and length of the registration, and of the remote key.
+    local: (u64, u64),
+    remote: (u64, u64),
+    keys: OpKeys,
+}
+
+impl Resolved {
+    /// Matches no SQE: remote key 0 is never valid.
+    const NONE: Resolved = Resolved {
+        endpoint: 0,
+        local_mem: 0,
+        rkey: 0,
+        max_len: 0,
+        get: false,
+        local: (0, 0),
+        remote: (0, 0),
+        keys: OpKeys {
+            local: None,
+            remote: None,
+        },
+    };
+
+    /// The keys of `sqe` if it names what was resolved and passes every
+    /// check `Engine::check_rma` makes; `None` sends it to the full checks.
+    #[inline]
+    fn admits(&self, sqe: &Sqe, opcode: Opcode) -> Option<OpKeys> {
+        self.covers(sqe, opcode).then(|| OpKeys {
+            local: self.keys.local,
+            remote: self.keys.remote.map(|(key, _)| (key, sqe.remote_addr)),
+        })
+    }
+
+    /// Whether `sqe` names what was resolved and passes every check
+    /// `Engine::check_rma` makes.
+    #[inline]
+    fn covers(&self, sqe: &Sqe, opcode: Opcode) -> bool {
+        let len = u64::from(sqe.len);
+        sqe.rkey == self.rkey
+            && sqe.endpoint == self.endpoint
+            && sqe.local_mem == self.local_mem
+            && sqe.subop == 0
+            && (opcode == Opcode::PUT || self.get)
+            && sqe.len != 0
+            && sqe.len <= self.max_len
+            && within(self.local.0, self.local.1, sqe.local_addr, len)
+            && within(self.remote.0, self.remote.1, sqe.remote_addr, len)
+    }
+}
+
+/// The driver's keys an operation names: its local registration's and its
+/// remote key's (with the remote address).
+#[derive(Debug, Clone, Copy, Default)]
+struct OpKeys {
+    local: Option<DriverMemKey>,
+    remote: Option<(DriverRkey, u64)>,
+}
+
 /// Whether an error fails the whole endpoint (the connection is unusable)
 /// rather than only the operation (the target refused this access).
 fn is_fatal(status: Status) -> bool {
@@ -204,6 +285,12 @@ pub(crate) struct Engine {
     scratch: Box<[Completion]>,
     /// SQEs copied out of an SQ, one intake batch.
     sqe_scratch: Box<[Sqe]>,
+    /// The direct path's lookups, valid within one intake batch.
+    resolved: Resolved,
+    /// A run's operations for `Driver::execute`, and their results (both
+    /// allocated once, for a whole intake batch).
+    run_ops: Vec<Op>,
+    run_results: Box<[Result<u32, Status>]>,
     pub(crate) stats: Stats,
     /// Completions whose token matched nothing in flight (a driver bug).
     pub(crate) stray_completions: u64,
@@ -237,6 +324,9 @@ impl Engine {
             scheduled_next: Vec::new(),
             scratch: vec![Completion::default(); POLL_BATCH].into_boxed_slice(),
             sqe_scratch: vec![Sqe::default(); INTAKE_BATCH].into_boxed_slice(),
+            resolved: Resolved::NONE,
+            run_ops: Vec::with_capacity(INTAKE_BATCH),
+            run_results: vec![Ok(0); INTAKE_BATCH].into_boxed_slice(),
             stats: Stats::default(),
             stray_completions: 0,
             shut_down: false,
@@ -334,6 +424,7 @@ impl Engine {
         // A buffer kept across rounds: zeroing 4 KiB on every round costs
         // more than a small batch's processing.
         let mut sqes = std::mem::take(&mut self.sqe_scratch);
+        self.resolved = Resolved::NONE;
         let q = &mut self.queues[qi];
         let n = match q.sq.pop_batch(&mut sqes[..room]) {
             Ok(n) => n,
@@ -344,8 +435,25 @@ impl Engine {
                 return 0;
             }
         };
-        for sqe in &sqes[..n] {
-            self.accept(qi, sqe);
+        // Runs of direct PUTs and GETs to one endpoint go to its driver in
+        // one call; anything else first ends the run (order is kept).
+        let (mut i, mut start) = (0, 0);
+        while i < n {
+            let sqe = &sqes[i];
+            let run = i - start;
+            if !self.shut_down && self.extends_run(sqe, run, sqes[start].endpoint) {
+                i += 1;
+            } else if run > 0 {
+                self.execute_run(qi, &sqes[start..i]);
+                start = i;
+            } else {
+                self.accept(qi, sqe);
+                i += 1;
+                start = i;
+            }
+        }
+        if i > start {
+            self.execute_run(qi, &sqes[start..i]);
         }
         self.sqe_scratch = sqes;
         n
@@ -356,6 +464,9 @@ impl Engine {
     /// is all there is to it); anything else gets a slot and goes to its
     /// endpoint.
     fn accept(&mut self, qi: usize, sqe: &Sqe) {
+        if !self.shut_down && self.try_direct(qi, sqe) {
+            return;
+        }
         let validated = if self.shut_down {
             Err(Status::Canceled)
         } else {
@@ -363,22 +474,249 @@ impl Engine {
         };
         match validated {
             Err(status) => self.complete_now(qi, sqe.user_data, Err(status), false),
-            Ok(request) if request.opcode() == Opcode::NOP => {
+            Ok((request, _)) if request.opcode() == Opcode::NOP => {
                 self.complete_now(qi, sqe.user_data, Ok(0), request.skip_success());
             }
-            Ok(request) => {
-                let slot = self.queues[qi]
-                    .pool
-                    .alloc(request)
-                    .expect("intake never takes more SQEs than free requests");
-                if request.holds_mem() {
-                    if let Some(r) = self.mem.get_mut(request.local_mem) {
-                        r.inflight += 1;
-                    }
-                }
-                self.submit(RequestId::new(qi as u32, slot));
+            Ok((request, _)) => {
+                let id = self.take_slot(qi, request);
+                self.submit(id);
             }
         }
+    }
+
+    /// Gives a validated request a slot of queue `qi`, with its reference
+    /// on its local registration.
+    fn take_slot(&mut self, qi: usize, request: Request) -> RequestId {
+        let slot = self.queues[qi]
+            .pool
+            .alloc(request)
+            .expect("intake never takes more SQEs than free requests");
+        if request.holds_mem() {
+            if let Some(r) = self.mem.get_mut(request.local_mem) {
+                r.inflight += 1;
+            }
+        }
+        RequestId::new(qi as u32, slot)
+    }
+
+    /// Whether `sqe` may take the direct path: a valid PUT or GET on an
+    /// endpoint that is connected with nothing queued (R18) and no boundary
+    /// pending (W = C, so its epoch is admitted, R14; no weak admission or
+    /// strong fence is outstanding either, as both need W > C). Returns what
+    /// the path needs, from the lookups of the previous SQE when it names
+    /// the same endpoint, registration and remote key. `None` for anything
+    /// else, which takes the general path: that one validates again and
+    /// reports any error.
+    #[inline]
+    fn direct(&mut self, sqe: &Sqe) -> Option<Direct> {
+        let opcode = match sqe.opcode {
+            op if op == Opcode::PUT.as_raw() => Opcode::PUT,
+            op if op == Opcode::GET.as_raw() => Opcode::GET,
+            _ => return None,
+        };
+        let flags = sqe.flags().ok()?;
+        let ep = self.endpoints.get(sqe.endpoint as usize)?;
+        let ready = ep.head == NONE
+            && ep.submit_epoch == ep.admitted_epoch
+            && !ep.strong_armed
+            && ep.state == EpState::Connected;
+        if !ready || !sqe.reserved_are_zero() {
+            return None;
+        }
+        debug_assert_eq!(ep.weak_lane, NO_LANE);
+        let keys = match self.resolved.admits(sqe, opcode) {
+            Some(keys) => keys,
+            None => {
+                let mut keys = OpKeys::default();
+                self.check_rma(sqe, opcode, ep.driver, &mut keys).ok()?;
+                self.resolved = self.resolve(sqe, ep.driver, keys);
+                keys
+            }
+        };
+        Some(Direct {
+            opcode,
+            skip_success: flags.contains(SqeFlags::SKIP_SUCCESS),
+            keys,
+        })
+    }
+
+    /// Whether the run of SQEs that ends before `sqe` (`run` of them, all
+    /// on endpoint `run_ep`) may take it too: the direct path admits it, on
+    /// the same endpoint, on lane 0, with the same keys, and its driver
+    /// executes runs.
+    #[inline]
+    fn extends_run(&mut self, sqe: &Sqe, run: usize, run_ep: u32) -> bool {
+        let threshold = self.config.bw_threshold;
+        if run == 0 {
+            // The first of a run: every check of the direct path, and the
+            // lookups the rest of the run reuses.
+            let Some(ep) = self.endpoints.get(sqe.endpoint as usize) else {
+                return false;
+            };
+            return self.capabilities[ep.driver as usize].execute
+                && ep.peek_data_lane(sqe.len, threshold) == 0
+                && self.direct(sqe).is_some();
+        }
+        // The rest: the endpoint's state cannot change before the run
+        // executes, and the keys are the first one's.
+        let opcode = match sqe.opcode {
+            op if op == Opcode::PUT.as_raw() => Opcode::PUT,
+            op if op == Opcode::GET.as_raw() => Opcode::GET,
+            _ => return false,
+        };
+        sqe.endpoint == run_ep
+            && sqe.flags().is_ok()
+            && sqe.reserved_are_zero()
+            && self.endpoints[run_ep as usize].peek_data_lane(sqe.len, threshold) == 0
+            && self.resolved.covers(sqe, opcode)
+    }
+
+    /// Runs `sqes` (a run that `extends_run` admitted, all on one endpoint
+    /// and lane 0) through its driver's `execute`: one call for the run
+    /// instead of one `post` each. What the driver did not run goes through
+    /// the general path, in order.
+    fn execute_run(&mut self, qi: usize, sqes: &[Sqe]) {
+        let e = sqes[0].endpoint as usize;
+        let ep = &mut self.endpoints[e];
+        let (driver, driver_ep) = (ep.driver as usize, crate::driver::DriverEp(ep.driver_ep));
+        // Dirty before posting (R14), with the lane's generation (R38).
+        if ep.dirty & 1 == 0 {
+            ep.dirty |= 1;
+            self.cold[e].dirty_generation[0] = self.drivers[driver].lane_generation(driver_ep, 0);
+        }
+        let keys = self.resolved.keys;
+        self.run_ops.clear();
+        self.run_ops.extend(sqes.iter().map(|sqe| Op {
+            kind: if sqe.opcode == Opcode::PUT.as_raw() {
+                OpKind::Put
+            } else {
+                OpKind::Get
+            },
+            lane: 0,
+            local_addr: sqe.local_addr,
+            local_key: keys.local,
+            remote: keys.remote.map(|(key, _)| (key, sqe.remote_addr)),
+            len: sqe.len,
+            operand: 0,
+            operand2: 0,
+            fence: false,
+        }));
+        let results = &mut self.run_results[..sqes.len()];
+        let ran = self.drivers[driver]
+            .execute(driver_ep, &self.run_ops, results)
+            .min(sqes.len());
+        let (mut bytes, mut errors) = (0u64, 0u64);
+        for (sqe, &result) in sqes[..ran].iter().zip(&self.run_results[..ran]) {
+            let skip = sqe.flags & SqeFlags::SKIP_SUCCESS.bits() != 0;
+            match result {
+                Ok(n) => {
+                    bytes += u64::from(n);
+                    if !skip {
+                        let cqe = Cqe::new(sqe.user_data, n.min(i32::MAX as u32) as i32, 0);
+                        self.queues[qi].post(cqe, &mut self.stats);
+                    }
+                }
+                Err(status) => {
+                    errors += 1;
+                    let cqe = Cqe::new(sqe.user_data, status.as_raw(), 0);
+                    self.queues[qi].post(cqe, &mut self.stats);
+                }
+            }
+        }
+        for stats in [&mut self.stats, &mut self.cold[e].stats] {
+            stats.ops += ran as u64;
+            stats.bytes += bytes;
+            stats.errors += errors;
+        }
+        if let Some(&Err(status)) = self.run_results[..ran].last() {
+            if is_fatal(status) {
+                self.fail_endpoint(e, status);
+            }
+        }
+        for sqe in &sqes[ran..] {
+            self.accept(qi, sqe);
+        }
+    }
+
+    /// The direct path for one SQE: it starts from the SQE without a
+    /// request slot, which is all it needs on drivers that finish
+    /// operations inside `post` (shm, loopback). Its token names the slot
+    /// the pool hands out next: if the driver keeps the operation in flight
+    /// (or has no room for it), it takes exactly that slot, as if it had
+    /// gone through `submit`. Returns `false` (nothing done) if the SQE
+    /// does not qualify (see `direct`).
+    #[inline]
+    fn try_direct(&mut self, qi: usize, sqe: &Sqe) -> bool {
+        let Some(Direct {
+            opcode,
+            skip_success,
+            keys,
+        }) = self.direct(sqe)
+        else {
+            return false;
+        };
+        let e = sqe.endpoint as usize;
+        let kind = if opcode == Opcode::PUT {
+            OpKind::Put
+        } else {
+            OpKind::Get
+        };
+        let slot = self.queues[qi]
+            .pool
+            .next_free()
+            .expect("intake never takes more SQEs than free requests");
+        let id = RequestId::new(qi as u32, slot);
+        let mut op = Op {
+            kind,
+            lane: 0,
+            local_addr: sqe.local_addr,
+            local_key: keys.local,
+            remote: keys.remote,
+            len: sqe.len,
+            operand: 0,
+            operand2: 0,
+            fence: false,
+        };
+        match self.post_lane_op(e, &mut op, id) {
+            Posted::Done(Ok(n)) => {
+                self.count(e, n, false);
+                if !skip_success {
+                    let cqe = Cqe::new(sqe.user_data, n.min(i32::MAX as u32) as i32, 0);
+                    self.queues[qi].post(cqe, &mut self.stats);
+                }
+            }
+            Posted::Done(Err(status)) => {
+                self.count(e, 0, true);
+                let cqe = Cqe::new(sqe.user_data, status.as_raw(), 0);
+                self.queues[qi].post(cqe, &mut self.stats);
+                if is_fatal(status) {
+                    self.fail_endpoint(e, status);
+                }
+            }
+            posted => {
+                let flags = if skip_success {
+                    SqeFlags::SKIP_SUCCESS
+                } else {
+                    SqeFlags::EMPTY
+                };
+                let mut request = Request::from_sqe(sqe, opcode, e as u16, flags);
+                request.set_holds_mem();
+                request.epoch = self.endpoints[e].submit_epoch as u32;
+                let taken = self.take_slot(qi, request);
+                debug_assert_eq!(taken, id, "the token named the next free slot");
+                if posted == Posted::InFlight {
+                    self.request_mut(id).set_state(State::Posted);
+                    self.endpoints[e].inflight += 1;
+                } else {
+                    // No room in the driver: first in line (the queue was
+                    // empty), it starts again from dispatch, ahead of
+                    // anything submitted after it.
+                    self.push_head(e, id);
+                    self.schedule(e);
+                }
+            }
+        }
+        true
     }
 
     /// Completes an SQE that never became a request.
@@ -400,15 +738,17 @@ impl Engine {
         }
     }
 
-    /// Checks every field of an SQE and copies what the engine needs.
-    fn validate(&self, sqe: &Sqe) -> Result<Request, Status> {
+    /// Checks every field of an SQE and copies what the engine needs, with
+    /// the driver's keys it resolved on the way (used by the direct path).
+    fn validate(&self, sqe: &Sqe) -> Result<(Request, OpKeys), Status> {
         let opcode = sqe.opcode().map_err(|e| e.status())?;
         let flags = sqe.flags().map_err(|e| e.status())?;
         if !sqe.reserved_are_zero() {
             return Err(Status::InvalidFlags);
         }
+        let mut keys = OpKeys::default();
         if opcode == Opcode::NOP {
-            return Ok(Request::from_sqe(sqe, opcode, 0, flags));
+            return Ok((Request::from_sqe(sqe, opcode, 0, flags), keys));
         }
         let ep_index = sqe.endpoint as usize;
         let ep = self
@@ -428,17 +768,7 @@ impl Engine {
         let len = u64::from(sqe.len);
         match opcode {
             Opcode::PUT | Opcode::GET => {
-                if sqe.subop != 0 {
-                    return Err(Status::InvalidSubop);
-                }
-                if opcode == Opcode::GET && !caps.get {
-                    return Err(Status::Unsupported);
-                }
-                if sqe.len == 0 || sqe.len > caps.max_len {
-                    return Err(Status::InvalidLength);
-                }
-                self.mem.check(sqe.local_mem, sqe.local_addr, len)?;
-                self.check_remote(sqe, len)?;
+                self.check_rma(sqe, opcode, ep.driver, &mut keys)?;
                 request.set_holds_mem();
             }
             Opcode::ATOMIC => {
@@ -452,12 +782,13 @@ impl Engine {
                 if sqe.remote_addr % 8 != 0 {
                     return Err(Status::Misaligned);
                 }
-                self.check_remote(sqe, 8)?;
+                keys.remote = Some(self.check_remote(sqe, 8)?);
                 if op != AtomicOp::ADD {
                     if sqe.local_addr % 8 != 0 {
                         return Err(Status::Misaligned);
                     }
-                    self.mem.check(sqe.local_mem, sqe.local_addr, 8)?;
+                    let local = self.mem.check(sqe.local_mem, sqe.local_addr, 8)?;
+                    keys.local = Some(local.keys[ep.driver as usize]);
                     request.set_holds_mem();
                 }
             }
@@ -489,16 +820,68 @@ impl Engine {
             }
             _ => return Err(Status::InvalidOpcode),
         }
-        Ok(request)
+        Ok((request, keys))
     }
 
-    fn check_remote(&self, sqe: &Sqe, len: u64) -> Result<(), Status> {
+    /// What the direct path may reuse for the next SQE that names the same
+    /// endpoint, registration and remote key as `sqe`, which passed
+    /// `check_rma` with `keys`.
+    fn resolve(&self, sqe: &Sqe, driver: u8, keys: OpKeys) -> Resolved {
+        let caps = &self.capabilities[driver as usize];
+        match (
+            self.mem.get(sqe.local_mem),
+            self.rkeys.get(sqe.rkey, sqe.endpoint),
+        ) {
+            (Some(local), Some(remote)) => Resolved {
+                endpoint: sqe.endpoint,
+                local_mem: sqe.local_mem,
+                rkey: sqe.rkey,
+                max_len: caps.max_len,
+                get: caps.get,
+                local: (local.base, local.len),
+                remote: (remote.base, remote.len),
+                keys,
+            },
+            _ => Resolved::NONE,
+        }
+    }
+
+    /// The checks of a PUT or GET beyond its opcode, flags and endpoint;
+    /// puts the driver's keys of both ranges in `keys`.
+    #[inline]
+    fn check_rma(
+        &self,
+        sqe: &Sqe,
+        opcode: Opcode,
+        driver: u8,
+        keys: &mut OpKeys,
+    ) -> Result<(), Status> {
+        let caps = &self.capabilities[driver as usize];
+        if sqe.subop != 0 {
+            return Err(Status::InvalidSubop);
+        }
+        if opcode == Opcode::GET && !caps.get {
+            return Err(Status::Unsupported);
+        }
+        if sqe.len == 0 || sqe.len > caps.max_len {
+            return Err(Status::InvalidLength);
+        }
+        let len = u64::from(sqe.len);
+        let local = self.mem.check(sqe.local_mem, sqe.local_addr, len)?;
+        keys.local = Some(local.keys[driver as usize]);
+        keys.remote = Some(self.check_remote(sqe, len)?);
+        Ok(())
+    }
+
+    /// The driver's key and the address of an SQE's remote range, after
+    /// checking that it lies inside a key unpacked for its endpoint.
+    fn check_remote(&self, sqe: &Sqe, len: u64) -> Result<(DriverRkey, u64), Status> {
         let key = self
             .rkeys
             .get(sqe.rkey, sqe.endpoint)
             .ok_or(Status::InvalidRkey)?;
         if within(key.base, key.len, sqe.remote_addr, len) {
-            Ok(())
+            Ok((key.driver, sqe.remote_addr))
         } else {
             Err(Status::OutOfBounds)
         }
@@ -892,7 +1275,6 @@ impl Engine {
         let e = request.endpoint as usize;
         let ep = &mut self.endpoints[e];
         let (driver, driver_ep) = (ep.driver as usize, crate::driver::DriverEp(ep.driver_ep));
-        let mut fence_taken = false;
         let posted = match request.opcode() {
             Opcode::FENCE => {
                 // The boundary has been crossed: the fence is done.
@@ -916,57 +1298,14 @@ impl Engine {
                 self.cold[e].stats.flushes += 1;
                 self.drivers[driver].flush(driver_ep, mask, Token(u64::from(id.0)))
             }
-            opcode => {
-                let (kind, lane) = match opcode {
-                    Opcode::PUT => (
-                        OpKind::Put,
-                        ep.data_lane(request.len, self.config.bw_threshold),
-                    ),
-                    Opcode::GET => (
-                        OpKind::Get,
-                        ep.data_lane(request.len, self.config.bw_threshold),
-                    ),
-                    Opcode::ATOMIC => {
-                        let op = AtomicOp::try_from(request.subop()).unwrap_or(AtomicOp::CSWAP);
-                        (OpKind::Atomic(op), ep.atomic_lane())
-                    }
-                    _ => (OpKind::Notify, 0),
-                };
-                // Dirty before posting (R14), with the lane's generation (R38).
-                if ep.dirty & (1 << lane) == 0 {
-                    ep.dirty |= 1 << lane;
-                    self.cold[e].dirty_generation[lane as usize] =
-                        self.drivers[driver].lane_generation(driver_ep, lane);
+            _ => {
+                let mut op = self.lane_op(&request);
+                let posted = self.post_lane_op(e, &mut op, id);
+                if op.fence && matches!(posted, Posted::NoResource) {
+                    // Nothing was posted: the fence flag is still owed (R19).
+                    self.endpoints[e].weak_lane |= WEAK_FLAG_OWED;
                 }
-                let ep = &mut self.endpoints[e];
-                if ep.weak_lane == lane | WEAK_FLAG_OWED {
-                    ep.weak_lane = lane;
-                    fence_taken = true;
-                }
-                let local_key = if request.holds_mem() {
-                    self.mem.get(request.local_mem).map(|r| r.keys[driver])
-                } else {
-                    None
-                };
-                let remote = if kind == OpKind::Notify {
-                    None
-                } else {
-                    self.rkeys
-                        .get(request.rkey, e as u32)
-                        .map(|k| (k.driver, request.remote_addr))
-                };
-                let op = Op {
-                    kind,
-                    lane,
-                    local_addr: request.local_addr,
-                    local_key,
-                    remote,
-                    len: request.len,
-                    operand: request.operand,
-                    operand2: request.operand2,
-                    fence: fence_taken,
-                };
-                self.drivers[driver].post(driver_ep, &op, Token(u64::from(id.0)))
+                posted
             }
         };
         match posted {
@@ -979,14 +1318,74 @@ impl Engine {
                 self.finish(id, e, result);
                 Started::Gone
             }
-            Posted::NoResource => {
-                // Nothing was posted: the fence flag is still owed (R19).
-                if fence_taken {
-                    self.endpoints[e].weak_lane |= WEAK_FLAG_OWED;
-                }
-                Started::Blocked
-            }
+            Posted::NoResource => Started::Blocked,
         }
+    }
+
+    /// The operation a queued PUT, GET, ATOMIC or NOTIFY request asks for,
+    /// with its driver's keys looked up again as it starts (its
+    /// registration is held; remote keys live as long as the worker).
+    fn lane_op(&self, request: &Request) -> Op {
+        let driver = self.endpoints[request.endpoint as usize].driver as usize;
+        let local_key = if request.holds_mem() {
+            self.mem.get(request.local_mem).map(|r| r.keys[driver])
+        } else {
+            None
+        };
+        let kind = match request.opcode() {
+            Opcode::PUT => OpKind::Put,
+            Opcode::GET => OpKind::Get,
+            Opcode::ATOMIC => {
+                OpKind::Atomic(AtomicOp::try_from(request.subop()).unwrap_or(AtomicOp::CSWAP))
+            }
+            _ => OpKind::Notify,
+        };
+        let remote = if kind == OpKind::Notify {
+            None
+        } else {
+            self.rkeys
+                .get(request.rkey, u32::from(request.endpoint))
+                .map(|k| (k.driver, request.remote_addr))
+        };
+        Op {
+            kind,
+            lane: 0,
+            local_addr: request.local_addr,
+            local_key,
+            remote,
+            len: request.len,
+            operand: request.operand,
+            operand2: request.operand2,
+            fence: false,
+        }
+    }
+
+    /// Hands `op` to endpoint `e`'s driver on the lane its kind and size
+    /// call for, marking the lane dirty first (R14) and carrying a weak
+    /// fence's owed transport fence flag (R8), which `op.fence` then shows.
+    /// Returns what the driver said.
+    #[inline]
+    fn post_lane_op(&mut self, e: usize, op: &mut Op, id: RequestId) -> Posted {
+        let ep = &mut self.endpoints[e];
+        let (driver, driver_ep) = (ep.driver as usize, crate::driver::DriverEp(ep.driver_ep));
+        let lane = match op.kind {
+            OpKind::Put | OpKind::Get => ep.data_lane(op.len, self.config.bw_threshold),
+            OpKind::Atomic(_) => ep.atomic_lane(),
+            OpKind::Notify => 0,
+        };
+        // Dirty before posting (R14), with the lane's generation (R38).
+        if ep.dirty & (1 << lane) == 0 {
+            ep.dirty |= 1 << lane;
+            self.cold[e].dirty_generation[lane as usize] =
+                self.drivers[driver].lane_generation(driver_ep, lane);
+        }
+        let ep = &mut self.endpoints[e];
+        op.lane = lane;
+        op.fence = ep.weak_lane == lane | WEAK_FLAG_OWED;
+        if op.fence {
+            ep.weak_lane = lane;
+        }
+        self.drivers[driver].post(driver_ep, op, Token(u64::from(id.0)))
     }
 
     /// Fails endpoint `e` with a sticky first error: the fence slot is
@@ -1076,19 +1475,15 @@ impl Engine {
             }
         }
         let opcode = request.opcode();
-        let ep_stats = if opcode == Opcode::NOP {
-            None
-        } else {
-            self.cold.get_mut(request.endpoint as usize)
-        };
         let bytes = match (opcode, result) {
-            (Opcode::PUT | Opcode::GET | Opcode::ATOMIC | Opcode::NOTIFY, Ok(n)) => u64::from(n),
+            (Opcode::PUT | Opcode::GET | Opcode::ATOMIC | Opcode::NOTIFY, Ok(n)) => n,
             _ => 0,
         };
-        for stats in std::iter::once(&mut self.stats).chain(ep_stats.map(|c| &mut c.stats)) {
-            stats.ops += 1;
-            stats.bytes += bytes;
-            stats.errors += u64::from(result.is_err());
+        if opcode == Opcode::NOP {
+            self.stats.ops += 1;
+            self.stats.errors += u64::from(result.is_err());
+        } else {
+            self.count(request.endpoint as usize, bytes, result.is_err());
         }
         let q = &mut self.queues[id.queue()];
         if !(result.is_ok() && request.skip_success()) {
@@ -1099,6 +1494,17 @@ impl Engine {
             q.post(Cqe::new(request.user_data, res, 0), &mut self.stats);
         }
         q.pool.free(id.slot() as u32);
+    }
+
+    /// Counts one finished operation of endpoint `e`, in the worker's
+    /// counters and the endpoint's.
+    #[inline]
+    fn count(&mut self, e: usize, bytes: u32, error: bool) {
+        for stats in [&mut self.stats, &mut self.cold[e].stats] {
+            stats.ops += 1;
+            stats.bytes += u64::from(bytes);
+            stats.errors += u64::from(error);
+        }
     }
 
     fn post_notifications(&mut self) -> usize {

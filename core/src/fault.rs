@@ -354,6 +354,8 @@ impl<D: Driver> Driver for FaultInjector<D> {
     fn capabilities(&self) -> Capabilities {
         let mut caps = self.inner.capabilities();
         caps.ordered_lanes = caps.ordered_lanes && self.program().unordered == 0;
+        // Every operation goes through `post`, where the faults are.
+        caps.execute = false;
         caps
     }
 

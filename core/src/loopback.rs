@@ -176,7 +176,7 @@ impl Loopback {
     }
 
     /// Runs `op` against `peer`. The local range was validated by the engine.
-    fn execute(peer: &Node, rkeys: &[RemoteKey], ep: DriverEp, op: &Op) -> Result<u32, Status> {
+    fn run(peer: &Node, rkeys: &[RemoteKey], ep: DriverEp, op: &Op) -> Result<u32, Status> {
         if !peer.alive.load(Ordering::Acquire) {
             return Err(Status::PeerUnreachable);
         }
@@ -258,7 +258,9 @@ impl Driver for Loopback {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(crate::driver::MAX_LANES, 1 << 30)
+        let mut caps = Capabilities::new(crate::driver::MAX_LANES, 1 << 30);
+        caps.execute = self.mode == CompletionMode::Immediate;
+        caps
     }
 
     fn attach(&mut self, ctx: DriverContext) {
@@ -400,10 +402,29 @@ impl Driver for Loopback {
             conn.next_seq += 1;
             return Posted::InFlight;
         }
-        match Loopback::execute(&conn.peer, &self.rkeys, ep, op) {
+        match Loopback::run(&conn.peer, &self.rkeys, ep, op) {
             Err(Status::NoResource) => Posted::NoResource,
             result => Posted::Done(result),
         }
+    }
+
+    fn execute(&mut self, ep: DriverEp, ops: &[Op], results: &mut [Result<u32, Status>]) -> usize {
+        if self.mode != CompletionMode::Immediate {
+            return 0;
+        }
+        for (i, (op, result)) in ops.iter().zip(results.iter_mut()).enumerate() {
+            // Immediate: `post` finishes every operation it takes.
+            match self.post(ep, op, Token::default()) {
+                Posted::Done(r) => {
+                    *result = r;
+                    if r.is_err() {
+                        return i + 1;
+                    }
+                }
+                Posted::InFlight | Posted::NoResource => return i,
+            }
+        }
+        ops.len().min(results.len())
     }
 
     fn flush(&mut self, ep: DriverEp, lanes: LaneMask, token: Token) -> Posted {
@@ -441,7 +462,7 @@ impl Driver for Loopback {
                         break;
                     };
                     let result =
-                        Loopback::execute(&conn.peer, &self.rkeys, DriverEp(index as u32), &q.op);
+                        Loopback::run(&conn.peer, &self.rkeys, DriverEp(index as u32), &q.op);
                     if result == Err(Status::NoResource) {
                         break;
                     }

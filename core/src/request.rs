@@ -215,6 +215,11 @@ impl Pool {
         Some(slot)
     }
 
+    /// The slot the next `alloc` takes; `None` when the pool is exhausted.
+    pub(crate) fn next_free(&self) -> Option<u32> {
+        (self.free != NONE).then_some(self.free)
+    }
+
     /// Returns a slot to the free list.
     pub(crate) fn free(&mut self, slot: u32) {
         let r = &mut self.requests[slot as usize];

@@ -666,3 +666,110 @@ fn forged_and_foreign_keys_are_refused() {
     let _ = LocalBuf::default();
     let _ = Opcode::NOP;
 }
+
+/// A stream of PUTs to one window runs through the driver in one call
+/// (`Driver::execute`); a failure in the middle of such a run stops it, and
+/// every SQE still gets exactly one CQE, in order, with the status the
+/// one-at-a-time path gives.
+#[test]
+fn runs_of_puts_stop_at_a_failure_and_lose_nothing() {
+    let p = Pair::new(CompletionMode::Immediate, 1, 4096);
+    let other = p.target.alloc_registered(64).unwrap();
+    let other_key = p
+        .initiator
+        .unpack_rkey(p.ep, &p.target.pack_rkey(other.handle()).unwrap())
+        .unwrap();
+    let src = p.initiator.alloc_registered(4096).unwrap();
+    src.write(0, &pattern(4096, 3));
+    let mut qp = p.initiator.create_queue().unwrap();
+    let ep = p.ep.as_raw();
+    let skip = SqeFlags::SKIP_SUCCESS;
+    // Runs broken by an out-of-bounds PUT, a PUT through another key and a
+    // GET, with and without SKIP_SUCCESS.
+    let mut sqes: Vec<Sqe> = (0..40u64)
+        .map(|i| {
+            let put = Sqe::put(ep, src.local(i * 64), p.remote(i * 64), 64).with_user_data(i);
+            if i % 3 == 0 {
+                put
+            } else {
+                put.with_flags(skip)
+            }
+        })
+        .collect();
+    sqes[10] = Sqe::put(ep, src.local(0), p.remote(4090), 64).with_user_data(10);
+    sqes[20] = Sqe::put(
+        ep,
+        src.local(0),
+        RemoteBuf {
+            rkey: other_key.as_raw(),
+            addr: other.addr(),
+        },
+        64,
+    )
+    .with_user_data(20);
+    sqes[30] = Sqe::get(ep, src.local(30 * 64), p.remote(29 * 64), 64).with_user_data(30);
+    let expect: Vec<(u64, i32)> = (0..40u64)
+        .filter_map(|i| match i {
+            10 => Some((i, Status::OutOfBounds.as_raw())),
+            20 | 30 => Some((i, 64)),
+            _ if i % 3 == 0 => Some((i, 64)),
+            _ => None,
+        })
+        .collect();
+    let cqes = run(&p.initiator, &mut qp, &sqes, expect.len());
+    let got: Vec<(u64, i32)> = cqes.iter().map(|c| (c.user_data, c.res)).collect();
+    assert_eq!(got, expect);
+    let mut landed = vec![0u8; 4096];
+    p.window.read(0, &mut landed);
+    let want = pattern(4096, 3);
+    for i in (0..40).filter(|i| ![10, 20, 30].contains(i)) {
+        assert_eq!(landed[i * 64..][..64], want[i * 64..][..64], "PUT {i}");
+    }
+
+    // The target withdraws the window: a whole run fails at the target,
+    // each PUT with its own CQE.
+    p.target.deregister(p.window.handle()).unwrap();
+    let sqes: Vec<Sqe> = (0..8u64)
+        .map(|i| {
+            Sqe::put(ep, src.local(0), p.remote(i * 8), 8)
+                .with_flags(skip)
+                .with_user_data(100 + i)
+        })
+        .collect();
+    let cqes = run(&p.initiator, &mut qp, &sqes, 8);
+    let got: Vec<(u64, i32)> = cqes.iter().map(|c| (c.user_data, c.res)).collect();
+    let denied: Vec<(u64, i32)> = (0..8)
+        .map(|i| (100 + i, Status::AccessDenied.as_raw()))
+        .collect();
+    assert_eq!(got, denied);
+
+    // The target goes away: the first PUT of the run fails the endpoint
+    // (a transport error), and the rest complete with its sticky error.
+    let Pair {
+        target, initiator, ..
+    } = p;
+    drop(target);
+    let sqes: Vec<Sqe> = (0..8u64)
+        .map(|i| {
+            Sqe::put(
+                ep,
+                src.local(0),
+                RemoteBuf {
+                    rkey: other_key.as_raw(),
+                    addr: other.addr(),
+                },
+                8,
+            )
+            .with_flags(skip)
+            .with_user_data(200 + i)
+        })
+        .collect();
+    let cqes = run(&initiator, &mut qp, &sqes, 8);
+    let got: Vec<(u64, i32)> = cqes.iter().map(|c| (c.user_data, c.res)).collect();
+    let gone: Vec<(u64, i32)> = (0..8)
+        .map(|i| (200 + i, Status::PeerUnreachable.as_raw()))
+        .collect();
+    assert_eq!(got, gone);
+    let stats = initiator.stats();
+    assert_eq!((stats.ops, stats.errors), (56, 17), "{stats:?}");
+}

@@ -330,11 +330,32 @@ impl Shm {
         op: &Op,
     ) -> Result<u32, Status> {
         let (rkey, addr) = op.remote.ok_or(Status::InvalidRkey)?;
-        let key = rkeys
+        Shm::access(Shm::remote_key(rkeys, ep, rkey)?, conn, maps, op, addr)
+    }
+
+    /// The unpacked key `rkey` of endpoint `ep`.
+    fn remote_key(
+        rkeys: &[Option<RemoteKey>],
+        ep: DriverEp,
+        rkey: DriverRkey,
+    ) -> Result<&RemoteKey, Status> {
+        rkeys
             .get(rkey.0 as usize)
             .and_then(Option::as_ref)
             .filter(|k| k.ep == ep.0)
-            .ok_or(Status::InvalidRkey)?;
+            .ok_or(Status::InvalidRkey)
+    }
+
+    /// Runs PUT, GET or ATOMIC `op` at `addr` through `key`, after checking
+    /// the range against the target's bounds and that the target still
+    /// exports the region.
+    fn access(
+        key: &RemoteKey,
+        conn: &Conn,
+        maps: &ConnMaps,
+        op: &Op,
+        addr: u64,
+    ) -> Result<u32, Status> {
         let offset = addr
             .checked_sub(key.base)
             .filter(|off| {
@@ -433,7 +454,10 @@ impl Driver for Shm {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(ringfence::MAX_LANES, MAX_LEN)
+        let mut caps = Capabilities::new(ringfence::MAX_LANES, MAX_LEN);
+        // Every PUT and GET completes inside the call that runs it.
+        caps.execute = true;
+        caps
     }
 
     fn attach(&mut self, ctx: DriverContext) {
@@ -774,6 +798,48 @@ impl Driver for Shm {
                 Posted::Done(Err(Status::Transport))
             }
         }
+    }
+
+    fn execute(&mut self, ep: DriverEp, ops: &[Op], results: &mut [Result<u32, Status>]) -> usize {
+        let Some(first) = results.first_mut() else {
+            return 0;
+        };
+        let Some(conn) = self.conns.get(ep.0 as usize).and_then(Option::as_ref) else {
+            *first = Err(Status::EndpointClosed);
+            return 1;
+        };
+        // Acquire: pairs with the control thread's store on hang-up. Once
+        // for the run, as `post` would check it before each operation: a
+        // peer that dies during the run takes its mappings with it only
+        // when `poll` releases them, after this call.
+        let maps = match conn.maps.as_ref() {
+            Some(maps) if !conn.liveness.dead.load(Ordering::Acquire) => maps,
+            _ => {
+                *first = Err(Status::PeerUnreachable);
+                return 1;
+            }
+        };
+        // A run names one remote key, as a rule: looked up once.
+        let mut key: Option<(DriverRkey, &RemoteKey)> = None;
+        for (i, (op, result)) in ops.iter().zip(results.iter_mut()).enumerate() {
+            *result = match op.remote {
+                _ if op.lane >= conn.lanes || op.kind == OpKind::Notify => {
+                    Err(Status::InvalidArgument)
+                }
+                None => Err(Status::InvalidRkey),
+                Some((rkey, addr)) => match key {
+                    Some((id, key)) if id == rkey => Shm::access(key, conn, maps, op, addr),
+                    _ => Shm::remote_key(&self.rkeys, ep, rkey).and_then(|k| {
+                        key = Some((rkey, k));
+                        Shm::access(k, conn, maps, op, addr)
+                    }),
+                },
+            };
+            if result.is_err() {
+                return i + 1;
+            }
+        }
+        ops.len().min(results.len())
     }
 
     fn flush(&mut self, ep: DriverEp, _lanes: LaneMask, _token: Token) -> Posted {
