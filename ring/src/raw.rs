@@ -96,10 +96,9 @@ impl<T> RawRing<T> {
 ///
 /// Taken from a [`Producer`] ([`as_raw_parts`](Producer::as_raw_parts)) or
 /// a [`Consumer`] ([`as_raw_parts`](Consumer::as_raw_parts)); whoever uses
-/// it takes that side over and must follow the protocol of
-/// [`producer`](crate::producer) and [`consumer`](crate::consumer) exactly
-/// (the orderings in the crate docs' table), and must not use the Rust side
-/// it came from any more.
+/// it takes that side over and must follow the protocol of [`Producer`]
+/// and [`Consumer`] exactly (the orderings in the crate docs' table), and
+/// must not use the Rust side it came from any more.
 ///
 /// The four index words are `AtomicU32`s in shared memory (`u32` in layout);
 /// access them only atomically. Every pointer stays valid while the
