@@ -115,8 +115,9 @@ fn c_view(qp: &QueuePair, handle: rf_ring_t) -> rf_ring {
 /// its incoming notifications.
 ///
 /// Returns 0; `RF_EINVALID_ARGUMENT` for a NULL `ring` or entry counts that
-/// are not powers of two up to 65536; `RF_ENO_RESOURCE` past 4096 rings;
-/// `RF_ESTALE_HANDLE`. `*ring` is written only on success.
+/// are not powers of two up to 65536; `RF_ENO_RESOURCE` past 4096 rings in
+/// the worker's life (destroyed rings count: the engine keeps their
+/// memory); `RF_ESTALE_HANDLE`. `*ring` is written only on success.
 ///
 /// # Safety
 /// - `ring` is NULL or points to a writable `struct rf_ring`.
@@ -163,9 +164,9 @@ fn valid_entries(n: u32) -> bool {
 }
 
 /// Destroys a ring; its pointers in `*ring` become NULL (the handle stays,
-/// so a second destroy is `RF_ESTALE_HANDLE`). SQEs not yet taken by the
-/// engine are dropped; requests in flight complete into the ring memory,
-/// which the worker keeps until it is destroyed.
+/// so a second destroy is `RF_ESTALE_HANDLE`). The engine keeps the ring's
+/// memory until the worker is destroyed: SQEs submitted before still run,
+/// and their completions land in a CQ that nobody reads.
 ///
 /// Returns 0; `RF_ESTALE_HANDLE` for a destroyed ring;
 /// `RF_EINVALID_ARGUMENT` for NULL or a handle that is not a ring's.
