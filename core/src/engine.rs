@@ -170,9 +170,10 @@ struct Direct {
 /// The lookups of the last PUT or GET the direct path took, reused for the
 /// following SQEs of the same intake batch that name the same endpoint,
 /// registration and remote key (the common case: a stream of PUTs from one
-/// buffer into one window). Nothing changes registrations or remote keys
-/// during intake, so it is valid for one batch; it is reset at the start
-/// of each.
+/// buffer into one window, or a ping-pong). Remote keys are never removed,
+/// a driver's capabilities never change, and registrations change only
+/// outside intake: the lookups stay valid until a registration is removed
+/// (`MemRegistry::removals` moves), which intake checks first.
 #[derive(Debug, Clone, Copy)]
 struct Resolved {
     endpoint: u32,
@@ -180,6 +181,8 @@ struct Resolved {
     rkey: u32,
     max_len: u32,
     get: bool,
+    /// `MemRegistry::removals` when resolved.
+    removals: u64,
     /// Base and length of the registration, and of the remote key.
     local: (u64, u64),
     remote: (u64, u64),
@@ -194,6 +197,7 @@ impl Resolved {
         rkey: 0,
         max_len: 0,
         get: false,
+        removals: 0,
         local: (0, 0),
         remote: (0, 0),
         keys: OpKeys {
@@ -285,7 +289,7 @@ pub(crate) struct Engine {
     scratch: Box<[Completion]>,
     /// SQEs copied out of an SQ, one intake batch.
     sqe_scratch: Box<[Sqe]>,
-    /// The direct path's lookups, valid within one intake batch.
+    /// The direct path's lookups, valid until a registration is removed.
     resolved: Resolved,
     /// A run's operations for `Driver::execute`, and their results (both
     /// allocated once, for a whole intake batch).
@@ -424,7 +428,10 @@ impl Engine {
         // A buffer kept across rounds: zeroing 4 KiB on every round costs
         // more than a small batch's processing.
         let mut sqes = std::mem::take(&mut self.sqe_scratch);
-        self.resolved = Resolved::NONE;
+        if self.resolved.removals != self.mem.removals() {
+            // A registration went away since the lookups were made.
+            self.resolved = Resolved::NONE;
+        }
         let q = &mut self.queues[qi];
         let n = match q.sq.pop_batch(&mut sqes[..room]) {
             Ok(n) => n,
@@ -838,6 +845,7 @@ impl Engine {
                 rkey: sqe.rkey,
                 max_len: caps.max_len,
                 get: caps.get,
+                removals: self.mem.removals(),
                 local: (local.base, local.len),
                 remote: (remote.base, remote.len),
                 keys,

@@ -85,6 +85,9 @@ struct Slot {
 #[derive(Debug, Default)]
 pub(crate) struct MemRegistry {
     slots: Vec<Slot>,
+    /// Registrations removed so far: whoever keeps what it looked up here
+    /// checks that this has not moved since.
+    removals: u64,
 }
 
 impl MemRegistry {
@@ -127,6 +130,12 @@ impl MemRegistry {
         s.registration.as_mut()
     }
 
+    /// Registrations removed so far (see [`MemRegistry::removals`]'s
+    /// field): a lookup kept from before is stale when this has moved.
+    pub fn removals(&self) -> u64 {
+        self.removals
+    }
+
     /// Checks that `[addr, addr + len)` lies in registration `raw`.
     ///
     /// # Errors
@@ -153,6 +162,7 @@ impl MemRegistry {
         }
         let s = &mut self.slots[MemHandle::slot(raw)];
         s.generation = s.generation.checked_add(1).unwrap_or(1);
+        self.removals += 1;
         s.registration.take().ok_or(Status::InvalidMemHandle)
     }
 }

@@ -773,3 +773,19 @@ fn runs_of_puts_stop_at_a_failure_and_lose_nothing() {
     let stats = initiator.stats();
     assert_eq!((stats.ops, stats.errors), (56, 17), "{stats:?}");
 }
+
+/// The direct path keeps the lookups of the last PUT for the next ones: a
+/// registration removed in between must not survive in them.
+#[test]
+fn a_stale_handle_is_refused_right_after_a_put_through_it() {
+    let p = Pair::new(CompletionMode::Immediate, 1, 64);
+    let mut qp = p.initiator.create_queue().unwrap();
+    let ep = p.ep.as_raw();
+    let src = p.initiator.alloc_registered(64).unwrap();
+    let put = Sqe::put(ep, src.local(0), p.remote(0), 8).with_user_data(1);
+    let cqes = run(&p.initiator, &mut qp, &[put, put], 2);
+    assert!(cqes.iter().all(|c| c.res == 8), "{cqes:?}");
+    p.initiator.deregister(src.handle()).unwrap();
+    let cqes = run(&p.initiator, &mut qp, &[put], 1);
+    assert_eq!(cqes[0].res, Status::InvalidMemHandle.as_raw());
+}

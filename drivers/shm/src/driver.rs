@@ -349,6 +349,7 @@ impl Shm {
     /// Runs PUT, GET or ATOMIC `op` at `addr` through `key`, after checking
     /// the range against the target's bounds and that the target still
     /// exports the region.
+    #[inline]
     fn access(
         key: &RemoteKey,
         conn: &Conn,
