@@ -13,7 +13,7 @@
 //!   process connects, and the bench thread pushes PUTs of one size from a
 //!   registered source buffer to offset 0 of the window (cache-resident,
 //!   as `ucx_perftest` reuses its buffers), every one with `SKIP_SUCCESS`,
-//!   running the worker's progress inline after each submit of up to 64;
+//!   running the worker's progress inline after each submit of up to 32;
 //!   one FLUSH at the end of each sample must come back as the only CQE.
 //!   `memcpy/<size>` copies between two local buffers of the same size.
 //! - `put_lat_8B`: the peer connects back; each round trip is an 8-byte
@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 const ROLE_ENV: &str = "RINGFENCE_BENCH_SHM_ROLE";
 const SIZES: [usize; 4] = [8, 4 << 10, 64 << 10, 1 << 20];
 /// PUTs pushed per submit.
-const BATCH: usize = 64;
+const BATCH: usize = 32;
 /// Only catches a hang.
 const HANG: Duration = Duration::from_secs(120);
 
