@@ -10,6 +10,17 @@
 //! incoming notifications; publish CQEs and ring CQ doorbells of
 //! applications that sleep.
 //!
+//! # The direct path
+//! Most operations need nothing from the fence engine: a PUT or GET on an
+//! endpoint with nothing queued and no boundary pending (W = C) may start at
+//! once (R14, R18). Those start straight from the SQE, without a request
+//! slot, which they take only if the driver keeps them in flight; and a run
+//! of them to one endpoint through the same keys goes to the driver in one
+//! `Driver::execute` call when the driver finishes operations inside the
+//! call (shm, loopback). Anything the driver does not run, and every other
+//! SQE, takes the general path below, in order, so the rules and the
+//! exactly-once guarantee are the same on both.
+//!
 //! Nothing here re-enters: a driver never calls the engine, a completion
 //! only records its effect and schedules the endpoint, and dispatch runs
 //! from the round, never from inside a completion (R25, R49, W1).
