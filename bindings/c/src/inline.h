@@ -6,7 +6,7 @@
  * out of its CQ, as with liburing; no library call per operation:
  *
  *     struct rf_sqe *sqe = rf_get_sqe(&ring);          // NULL: SQ full
- *     rf_prep_put(sqe, ep, src, src_mem, remote, rkey, 8);
+ *     rf_prep_put(sqe, ep, src, src_mem, remote, rkey, 8);  // all 64 bytes
  *     rf_sqe_set_data(sqe, 42);
  *     rf_submit(&ring);                                // one release store
  *     rf_progress(worker);                             // or a core thread
@@ -83,10 +83,17 @@ RF_STATIC_ASSERT(offsetof(struct rf_cqe, flags) == 12, "rf_cqe.flags");
 /* ------------------------------------------------------------------ SQ */
 
 /*
- * The next free SQ slot, zeroed, to fill in place (Producer::next_entry);
- * it counts as pushed and is published by the next rf_submit. NULL when
- * the SQ is full (submit, run progress, reap CQEs, and retry) or its
- * shared head is corrupt.
+ * The next free SQ slot, to fill in place (Producer::next_entry); it counts
+ * as pushed and is published by the next rf_submit. NULL when the SQ is
+ * full (submit, run progress, reap CQEs, and retry) or its shared head is
+ * corrupt.
+ *
+ * The slot still holds an old SQE, as with liburing's io_uring_get_sqe:
+ * fill it with one rf_prep_* call, which writes all 64 bytes, and only then
+ * with rf_sqe_set_*. (Zeroing it here too costs about 4% of the 8-byte PUT
+ * rate, bindings/c/bench; the Rust Producer::next_entry zeroes because its
+ * callers may set single fields.) An SQE left with stale fields is refused
+ * or run as written by the engine, never undefined behaviour.
  */
 static inline struct rf_sqe *rf_get_sqe(struct rf_ring *ring)
 {
@@ -103,10 +110,8 @@ static inline struct rf_sqe *rf_get_sqe(struct rf_ring *ring)
             return NULL; /* full, or corrupt (used > entries) */
         ring->sq_cached_head = head;
     }
-    struct rf_sqe *sqe = &ring->sqes[tail & ring->sq_mask];
-    memset(sqe, 0, sizeof *sqe);
     ring->sq_local_tail = tail + 1;
-    return sqe;
+    return &ring->sqes[tail & ring->sq_mask];
 }
 
 /* SQEs taken with rf_get_sqe and not yet published by rf_submit. */

@@ -336,6 +336,7 @@ static void garbage_in_ring_memory(void)
     size_t n = sizeof cases / sizeof cases[0];
     for (size_t i = 0; i < n; i++) {
         struct rf_sqe *sqe = rft_sqe(&ring);
+        rf_prep_nop(sqe); /* every field written, then the garbage */
         sqe->opcode = cases[i].opcode;
         sqe->flags = cases[i].flags;
         sqe->subop = cases[i].subop;
