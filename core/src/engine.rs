@@ -170,6 +170,12 @@ impl EngineQueue {
     }
 }
 
+/// A PUT or GET: an SQE the direct path may take.
+#[inline]
+fn is_rma(sqe: &Sqe) -> bool {
+    sqe.opcode == Opcode::PUT.as_raw() || sqe.opcode == Opcode::GET.as_raw()
+}
+
 /// What the direct path needs of an SQE it admits.
 #[derive(Debug, Clone, Copy)]
 struct Direct {
@@ -458,17 +464,21 @@ impl Engine {
         let (mut i, mut start) = (0, 0);
         while i < n {
             let sqe = &sqes[i];
-            let run = i - start;
-            if !self.shut_down && self.extends_run(sqe, run, sqes[start].endpoint) {
+            let rma = is_rma(sqe) && !self.shut_down;
+            if rma && self.extends_run(sqe, i - start, sqes[start].endpoint) {
                 i += 1;
-            } else if run > 0 {
+                continue;
+            }
+            if i > start {
                 self.execute_run(qi, &sqes[start..i]);
                 start = i;
-            } else {
-                self.accept(qi, sqe);
-                i += 1;
-                start = i;
+                continue; // `sqe` may start the next run
             }
+            if !(rma && self.try_direct(qi, sqe)) {
+                self.accept(qi, sqe);
+            }
+            i += 1;
+            start = i;
         }
         if i > start {
             self.execute_run(qi, &sqes[start..i]);
@@ -481,10 +491,8 @@ impl Engine {
     /// invalid SQE or a NOP completes here, without a request slot (its CQE
     /// is all there is to it); anything else gets a slot and goes to its
     /// endpoint.
+    #[inline]
     fn accept(&mut self, qi: usize, sqe: &Sqe) {
-        if !self.shut_down && self.try_direct(qi, sqe) {
-            return;
-        }
         let validated = if self.shut_down {
             Err(Status::Canceled)
         } else {
@@ -492,10 +500,10 @@ impl Engine {
         };
         match validated {
             Err(status) => self.complete_now(qi, sqe.user_data, Err(status), false),
-            Ok((request, _)) if request.opcode() == Opcode::NOP => {
+            Ok(request) if request.opcode() == Opcode::NOP => {
                 self.complete_now(qi, sqe.user_data, Ok(0), request.skip_success());
             }
-            Ok((request, _)) => {
+            Ok(request) => {
                 let id = self.take_slot(qi, request);
                 self.submit(id);
             }
@@ -564,6 +572,11 @@ impl Engine {
     /// executes runs.
     #[inline]
     fn extends_run(&mut self, sqe: &Sqe, run: usize, run_ep: u32) -> bool {
+        let opcode = match sqe.opcode {
+            op if op == Opcode::PUT.as_raw() => Opcode::PUT,
+            op if op == Opcode::GET.as_raw() => Opcode::GET,
+            _ => return false,
+        };
         let threshold = self.config.bw_threshold;
         if run == 0 {
             // The first of a run: every check of the direct path, and the
@@ -577,11 +590,6 @@ impl Engine {
         }
         // The rest: the endpoint's state cannot change before the run
         // executes, and the keys are the first one's.
-        let opcode = match sqe.opcode {
-            op if op == Opcode::PUT.as_raw() => Opcode::PUT,
-            op if op == Opcode::GET.as_raw() => Opcode::GET,
-            _ => return false,
-        };
         sqe.endpoint == run_ep
             && sqe.flags().is_ok()
             && sqe.reserved_are_zero()
@@ -652,7 +660,9 @@ impl Engine {
             }
         }
         for sqe in &sqes[ran..] {
-            self.accept(qi, sqe);
+            if self.shut_down || !self.try_direct(qi, sqe) {
+                self.accept(qi, sqe);
+            }
         }
     }
 
@@ -662,8 +672,9 @@ impl Engine {
     /// the pool hands out next: if the driver keeps the operation in flight
     /// (or has no room for it), it takes exactly that slot, as if it had
     /// gone through `submit`. Returns `false` (nothing done) if the SQE
-    /// does not qualify (see `direct`).
-    #[inline]
+    /// does not qualify (see `direct`). Not inlined: `accept`, which every
+    /// SQE passes, stays small for the others.
+    #[inline(never)]
     fn try_direct(&mut self, qi: usize, sqe: &Sqe) -> bool {
         let Some(Direct {
             opcode,
@@ -756,17 +767,15 @@ impl Engine {
         }
     }
 
-    /// Checks every field of an SQE and copies what the engine needs, with
-    /// the driver's keys it resolved on the way (used by the direct path).
-    fn validate(&self, sqe: &Sqe) -> Result<(Request, OpKeys), Status> {
+    /// Checks every field of an SQE and copies what the engine needs.
+    fn validate(&self, sqe: &Sqe) -> Result<Request, Status> {
         let opcode = sqe.opcode().map_err(|e| e.status())?;
         let flags = sqe.flags().map_err(|e| e.status())?;
         if !sqe.reserved_are_zero() {
             return Err(Status::InvalidFlags);
         }
-        let mut keys = OpKeys::default();
         if opcode == Opcode::NOP {
-            return Ok((Request::from_sqe(sqe, opcode, 0, flags), keys));
+            return Ok(Request::from_sqe(sqe, opcode, 0, flags));
         }
         let ep_index = sqe.endpoint as usize;
         let ep = self
@@ -786,7 +795,7 @@ impl Engine {
         let len = u64::from(sqe.len);
         match opcode {
             Opcode::PUT | Opcode::GET => {
-                self.check_rma(sqe, opcode, ep.driver, &mut keys)?;
+                self.check_rma(sqe, opcode, ep.driver, &mut OpKeys::default())?;
                 request.set_holds_mem();
             }
             Opcode::ATOMIC => {
@@ -800,13 +809,12 @@ impl Engine {
                 if sqe.remote_addr % 8 != 0 {
                     return Err(Status::Misaligned);
                 }
-                keys.remote = Some(self.check_remote(sqe, 8)?);
+                self.check_remote(sqe, 8)?;
                 if op != AtomicOp::ADD {
                     if sqe.local_addr % 8 != 0 {
                         return Err(Status::Misaligned);
                     }
-                    let local = self.mem.check(sqe.local_mem, sqe.local_addr, 8)?;
-                    keys.local = Some(local.keys[ep.driver as usize]);
+                    self.mem.check(sqe.local_mem, sqe.local_addr, 8)?;
                     request.set_holds_mem();
                 }
             }
@@ -838,7 +846,7 @@ impl Engine {
             }
             _ => return Err(Status::InvalidOpcode),
         }
-        Ok((request, keys))
+        Ok(request)
     }
 
     /// What the direct path may reuse for the next SQE that names the same
