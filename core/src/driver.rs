@@ -72,6 +72,13 @@ impl Capabilities {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Token(pub u64);
 
+impl Token {
+    /// Names nothing in flight: a completion that carries it is counted as
+    /// stray. For drivers that run an operation through their own `post`
+    /// from [`Driver::execute`].
+    pub const NONE: Token = Token(u64::MAX);
+}
+
 /// The outcome of a post or a flush.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[must_use]

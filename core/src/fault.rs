@@ -354,8 +354,8 @@ impl<D: Driver> Driver for FaultInjector<D> {
     fn capabilities(&self) -> Capabilities {
         let mut caps = self.inner.capabilities();
         caps.ordered_lanes = caps.ordered_lanes && self.program().unordered == 0;
-        // Every operation goes through `post`, where the faults are.
-        caps.execute = false;
+        // `execute` runs operations through `post`, where the faults are,
+        // when the inner driver finishes them inside the call.
         caps
     }
 
@@ -456,6 +456,40 @@ impl<D: Driver> Driver for FaultInjector<D> {
             fail,
         });
         Posted::InFlight
+    }
+
+    /// Runs `ops` one by one through `post` (so injected failures and
+    /// NO_RESOURCE apply to each), and only while the timing is synchronous:
+    /// an operation `post` would hold is left to the engine, which posts it
+    /// itself. The inner driver finishes what it takes inside the call (it
+    /// has `Capabilities::execute`, or this driver would not be asked).
+    fn execute(&mut self, ep: DriverEp, ops: &[Op], results: &mut [Result<u32, Status>]) -> usize {
+        for (i, (op, result)) in ops.iter().zip(results.iter_mut()).enumerate() {
+            {
+                let p = self.program();
+                if p.timing != Timing::Synchronous || p.no_resource > 0 {
+                    return i;
+                }
+            }
+            match self.post(ep, op, Token::NONE) {
+                Posted::Done(r) => {
+                    *result = r;
+                    if r.is_err() {
+                        return i + 1;
+                    }
+                }
+                // Not run (the inner driver had no room): the engine posts
+                // it again itself.
+                Posted::NoResource => return i,
+                Posted::InFlight => {
+                    // The inner driver broke its `execute` capability: its
+                    // completion will carry no request.
+                    *result = Err(Status::Transport);
+                    return i + 1;
+                }
+            }
+        }
+        ops.len().min(results.len())
     }
 
     fn flush(&mut self, ep: DriverEp, lanes: LaneMask, token: Token) -> Posted {

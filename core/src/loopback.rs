@@ -414,7 +414,7 @@ impl Driver for Loopback {
         }
         for (i, (op, result)) in ops.iter().zip(results.iter_mut()).enumerate() {
             // Immediate: `post` finishes every operation it takes.
-            match self.post(ep, op, Token::default()) {
+            match self.post(ep, op, Token::NONE) {
                 Posted::Done(r) => {
                     *result = r;
                     if r.is_err() {

@@ -1102,3 +1102,60 @@ proptest! {
         run_model(lanes, unordered, timing, seed, &steps)?;
     }
 }
+
+/// Runs of PUTs reach the driver through `Driver::execute` (here the
+/// injector's, which runs each through its faults): an injected failure in
+/// the middle of a run ends the run there; a non-fatal one fails only that
+/// PUT, a fatal one (R20, R32) fails the endpoint, and every later SQE of
+/// the batch completes with the sticky error. NO_RESOURCE in the middle of
+/// a run leaves the rest to the one-at-a-time path. Every SQE gets exactly
+/// one CQE, and the log shows what ran, in order.
+#[test]
+fn r31_r32_a_failure_in_the_middle_of_a_run_of_puts() {
+    let mut r = rig(1, 1, Timing::Synchronous, 256);
+    let puts = |r: &Rig, from: u64| -> Vec<Sqe> {
+        (0..20).map(|k| r.put(0, from + k, false, false)).collect()
+    };
+
+    // Post number 5 is refused at the target (not fatal).
+    r.fault.fail_post(5, Status::AccessDenied);
+    let cqes = r.run(&puts(&r, 0));
+    let failed: Vec<u64> = cqes
+        .iter()
+        .filter(|c| c.res < 0)
+        .map(|c| c.user_data)
+        .collect();
+    assert_eq!(failed, vec![5]);
+    assert_eq!(cqes[5].res, Status::AccessDenied.as_raw());
+    assert_eq!(r.fault.log().len(), 19, "all but the refused PUT ran");
+
+    // Back-pressure for the next two posts: the run stops, the rest is
+    // posted one by one, and all of it lands.
+    r.fault.no_resource(2);
+    all_ok(&r.run(&puts(&r, 20)));
+    assert_eq!(r.fault.log().len(), 39);
+
+    // A fatal failure at post 45 (the 6th PUT of this batch): the endpoint
+    // fails, and nothing after it runs.
+    r.fault.fail_post(45, Status::Transport);
+    let cqes = r.run(&puts(&r, 40));
+    for c in &cqes {
+        let want = if c.user_data < 5 {
+            8
+        } else {
+            Status::Transport.as_raw()
+        };
+        assert_eq!(c.res, want, "{c:?}");
+    }
+    assert_eq!(
+        r.fault.log().len(),
+        44,
+        "nothing ran after the fatal failure"
+    );
+    // The worker counts every SQE; the endpoint those that reached it (the
+    // 14 refused at submission by its sticky error are the worker's alone).
+    let stats = r.initiator.stats();
+    assert_eq!((stats.ops, stats.errors), (60, 16), "{stats:?}");
+    let stats = r.stats(0);
+    assert_eq!((stats.ops, stats.errors), (46, 2), "{stats:?}");
+}
