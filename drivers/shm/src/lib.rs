@@ -39,10 +39,12 @@
 //! the `control` module for why a thread).
 //!
 //! # Data path
-//! `post`, `flush` and `poll` allocate nothing and make no system call on
-//! the memfd path. Every operation completes inside `post`
-//! ([`Posted::Done`](ringfence::Posted)); lanes are ordered (they are all
-//! this CPU). NOTIFY appends a record to the endpoint's channel (or answers
+//! `post`, `execute`, `flush` and `poll` allocate nothing and make no
+//! system call on the memfd path. Every operation completes inside `post`
+//! ([`Posted::Done`](ringfence::Posted)), and runs of PUTs and GETs inside
+//! one [`Driver::execute`](ringfence::Driver::execute) call (liveness and
+//! the remote key checked once per run, the target's export status once per
+//! operation); lanes are ordered (they are all this CPU). NOTIFY appends a record to the endpoint's channel (or answers
 //! `NoResource` when it is full, and the engine retries); the target's
 //! `poll` copies each payload once into a notification buffer.
 //!
