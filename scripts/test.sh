@@ -99,6 +99,10 @@ else
     # provenance: RMA addresses arrive as integers in SQEs, by design.
     MIRIFLAGS="-Zmiri-permissive-provenance -Zmiri-symbolic-alignment-check" \
       run_step miri-core cargo +nightly miri test -p ringfence --lib
+    # The shm driver's inline small copies (the rest of its unsafe code
+    # maps memfds and calls the kernel, which miri does not model).
+    MIRIFLAGS="-Zmiri-strict-provenance -Zmiri-symbolic-alignment-check" \
+      run_step miri-shm cargo +nightly miri test -p ringfence-shm --lib sys::rma::tests
   else
     echo "miri: SKIPPED, no nightly toolchain with miri could be had (rustup toolchain install nightly --component miri,rust-src)"
     skipped_steps+=(miri)
