@@ -185,7 +185,7 @@ struct Direct {
 }
 
 /// The lookups of the last PUT or GET the direct path took, reused for the
-/// following SQEs of the same intake batch that name the same endpoint,
+/// following SQEs (of this intake batch or a later one) that name the same endpoint,
 /// registration and remote key (the common case: a stream of PUTs from one
 /// buffer into one window, or a ping-pong). Remote keys are never removed,
 /// a driver's capabilities never change, and registrations change only
@@ -672,8 +672,8 @@ impl Engine {
     /// the pool hands out next: if the driver keeps the operation in flight
     /// (or has no room for it), it takes exactly that slot, as if it had
     /// gone through `submit`. Returns `false` (nothing done) if the SQE
-    /// does not qualify (see `direct`). Not inlined: `accept`, which every
-    /// SQE passes, stays small for the others.
+    /// does not qualify (see `direct`). Not inlined: intake's loop, which
+    /// every SQE passes, stays small for the others (NOPs above all).
     #[inline(never)]
     fn try_direct(&mut self, qi: usize, sqe: &Sqe) -> bool {
         let Some(Direct {
