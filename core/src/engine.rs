@@ -135,6 +135,24 @@ impl EngineQueue {
         self.overflow.push_back(cqe);
     }
 
+    /// Posts the CQE of an operation that finished with `result` (bytes or
+    /// a status), unless it succeeded and asked to skip its CQE.
+    #[inline]
+    fn finish(
+        &mut self,
+        user_data: u64,
+        result: Result<u32, Status>,
+        skip_success: bool,
+        stats: &mut Stats,
+    ) {
+        let res = match result {
+            Ok(_) if skip_success => return,
+            Ok(n) => n.min(i32::MAX as u32) as i32,
+            Err(status) => status.as_raw(),
+        };
+        self.post(Cqe::new(user_data, res, 0), stats);
+    }
+
     /// Moves overflowed CQEs into the CQ while it has room.
     pub(crate) fn flush_overflow(&mut self) -> usize {
         let mut moved = 0;
@@ -635,25 +653,12 @@ impl Engine {
         for (sqe, &result) in sqes[..ran].iter().zip(&self.run_results[..ran]) {
             let skip = sqe.flags & SqeFlags::SKIP_SUCCESS.bits() != 0;
             match result {
-                Ok(n) => {
-                    bytes += u64::from(n);
-                    if !skip {
-                        let cqe = Cqe::new(sqe.user_data, n.min(i32::MAX as u32) as i32, 0);
-                        self.queues[qi].post(cqe, &mut self.stats);
-                    }
-                }
-                Err(status) => {
-                    errors += 1;
-                    let cqe = Cqe::new(sqe.user_data, status.as_raw(), 0);
-                    self.queues[qi].post(cqe, &mut self.stats);
-                }
+                Ok(n) => bytes += u64::from(n),
+                Err(_) => errors += 1,
             }
+            self.queues[qi].finish(sqe.user_data, result, skip, &mut self.stats);
         }
-        for stats in [&mut self.stats, &mut self.cold[e].stats] {
-            stats.ops += ran as u64;
-            stats.bytes += bytes;
-            stats.errors += errors;
-        }
+        self.count(e, ran as u64, bytes, errors);
         if let Some(&Err(status)) = self.run_results[..ran].last() {
             if is_fatal(status) {
                 self.fail_endpoint(e, status);
@@ -707,19 +712,17 @@ impl Engine {
             fence: false,
         };
         match self.post_lane_op(e, &mut op, id) {
-            Posted::Done(Ok(n)) => {
-                self.count(e, n, false);
-                if !skip_success {
-                    let cqe = Cqe::new(sqe.user_data, n.min(i32::MAX as u32) as i32, 0);
-                    self.queues[qi].post(cqe, &mut self.stats);
-                }
-            }
-            Posted::Done(Err(status)) => {
-                self.count(e, 0, true);
-                let cqe = Cqe::new(sqe.user_data, status.as_raw(), 0);
-                self.queues[qi].post(cqe, &mut self.stats);
-                if is_fatal(status) {
-                    self.fail_endpoint(e, status);
+            Posted::Done(result) => {
+                let (bytes, error) = match result {
+                    Ok(n) => (u64::from(n), 0),
+                    Err(_) => (0, 1),
+                };
+                self.count(e, 1, bytes, error);
+                self.queues[qi].finish(sqe.user_data, result, skip_success, &mut self.stats);
+                if let Err(status) = result {
+                    if is_fatal(status) {
+                        self.fail_endpoint(e, status);
+                    }
                 }
             }
             posted => {
@@ -758,13 +761,7 @@ impl Engine {
     ) {
         self.stats.ops += 1;
         self.stats.errors += u64::from(result.is_err());
-        if !(result.is_ok() && skip_success) {
-            let res = match result {
-                Ok(n) => n as i32,
-                Err(status) => status.as_raw(),
-            };
-            self.queues[qi].post(Cqe::new(user_data, res, 0), &mut self.stats);
-        }
+        self.queues[qi].finish(user_data, result, skip_success, &mut self.stats);
     }
 
     /// Checks every field of an SQE and copies what the engine needs.
@@ -1506,31 +1503,31 @@ impl Engine {
             (Opcode::PUT | Opcode::GET | Opcode::ATOMIC | Opcode::NOTIFY, Ok(n)) => n,
             _ => 0,
         };
+        let error = u64::from(result.is_err());
         if opcode == Opcode::NOP {
             self.stats.ops += 1;
-            self.stats.errors += u64::from(result.is_err());
+            self.stats.errors += error;
         } else {
-            self.count(request.endpoint as usize, bytes, result.is_err());
+            self.count(request.endpoint as usize, 1, u64::from(bytes), error);
         }
         let q = &mut self.queues[id.queue()];
-        if !(result.is_ok() && request.skip_success()) {
-            let res = match result {
-                Ok(n) => n.min(i32::MAX as u32) as i32,
-                Err(status) => status.as_raw(),
-            };
-            q.post(Cqe::new(request.user_data, res, 0), &mut self.stats);
-        }
+        q.finish(
+            request.user_data,
+            result,
+            request.skip_success(),
+            &mut self.stats,
+        );
         q.pool.free(id.slot() as u32);
     }
 
-    /// Counts one finished operation of endpoint `e`, in the worker's
-    /// counters and the endpoint's.
+    /// Counts `ops` finished operations of endpoint `e` (`bytes` moved,
+    /// `errors` failed), in the worker's counters and the endpoint's.
     #[inline]
-    fn count(&mut self, e: usize, bytes: u32, error: bool) {
+    fn count(&mut self, e: usize, ops: u64, bytes: u64, errors: u64) {
         for stats in [&mut self.stats, &mut self.cold[e].stats] {
-            stats.ops += 1;
-            stats.bytes += u64::from(bytes);
-            stats.errors += u64::from(error);
+            stats.ops += ops;
+            stats.bytes += bytes;
+            stats.errors += errors;
         }
     }
 
