@@ -322,17 +322,6 @@ impl Shm {
         }
     }
 
-    fn rma(
-        rkeys: &[Option<RemoteKey>],
-        conn: &Conn,
-        maps: &ConnMaps,
-        ep: DriverEp,
-        op: &Op,
-    ) -> Result<u32, Status> {
-        let (rkey, addr) = op.remote.ok_or(Status::InvalidRkey)?;
-        Shm::access(Shm::remote_key(rkeys, ep, rkey)?, conn, maps, op, addr)
-    }
-
     /// The unpacked key `rkey` of endpoint `ep`.
     fn remote_key(
         rkeys: &[Option<RemoteKey>],
@@ -757,6 +746,12 @@ impl Driver for Shm {
     }
 
     fn post(&mut self, ep: DriverEp, op: &Op, _token: Token) -> Posted {
+        if op.kind != OpKind::Notify {
+            // PUT, GET, ATOMIC: a run of one.
+            let mut result = [Ok(0)];
+            self.execute(ep, std::slice::from_ref(op), &mut result);
+            return Posted::Done(result[0]);
+        }
         let Some(conn) = self.conns.get_mut(ep.0 as usize).and_then(Option::as_mut) else {
             return Posted::Done(Err(Status::EndpointClosed));
         };
@@ -766,12 +761,6 @@ impl Driver for Shm {
         }
         if op.lane >= conn.lanes {
             return Posted::Done(Err(Status::InvalidArgument));
-        }
-        if op.kind != OpKind::Notify {
-            let Some(maps) = conn.maps.as_ref() else {
-                return Posted::Done(Err(Status::PeerUnreachable));
-            };
-            return Posted::Done(Shm::rma(&self.rkeys, conn, maps, ep, op));
         }
         let Some(maps) = conn.maps.as_mut() else {
             return Posted::Done(Err(Status::PeerUnreachable));
@@ -810,9 +799,9 @@ impl Driver for Shm {
             return 1;
         };
         // Acquire: pairs with the control thread's store on hang-up. Once
-        // for the run, as `post` would check it before each operation: a
-        // peer that dies during the run takes its mappings with it only
-        // when `poll` releases them, after this call.
+        // per run (`post` runs a run of one): a peer that dies during the
+        // run takes its mappings with it only when `poll` releases them,
+        // after this call.
         let maps = match conn.maps.as_ref() {
             Some(maps) if !conn.liveness.dead.load(Ordering::Acquire) => maps,
             _ => {
