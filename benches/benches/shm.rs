@@ -243,56 +243,71 @@ fn put_groups(c: &mut Criterion) {
 }
 
 fn latency_group(c: &mut Criterion) {
-    let mut peer = Peer::spawn("pong");
-    let (mut link, _) = Link::connect(&mut peer.socket, 4096);
-    // Our window for the answers, for the peer to connect to.
-    let window = link.worker.alloc_registered(4096).unwrap();
-    send(&mut peer.socket, link.worker.address());
-    send(
-        &mut peer.socket,
-        &link.worker.pack_rkey(window.handle()).unwrap(),
-    );
-    send(&mut peer.socket, &window.addr().to_le_bytes());
-    let put =
-        Sqe::put(link.ep, link.src.local(0), link.remote, 8).with_flags(SqeFlags::SKIP_SUCCESS);
-    let mut seq = 0u64;
-    let mut round_trip = |link: &mut Link| {
-        seq += 1;
-        link.src.write(0, &seq.to_le_bytes());
-        link.qp.push(put).unwrap();
-        link.qp.submit();
-        link.worker.progress();
-        let mut spins = 0u64;
-        while window.load_u64(0) != seq {
-            pause(spins);
-            spins += 1;
-            if spins % (1 << 20) == 0 {
-                // A PUT that did not run in the first round (never seen),
-                // or a hang.
-                link.worker.progress();
-                assert!(spins < 1 << 30, "no answer from the peer");
+    let mut group = c.benchmark_group("put_lat_8B");
+    // Through the ring (push, submit, progress), then with `try_now`.
+    for (name, now) in [("ringfence_shm", false), ("ringfence_shm_now", true)] {
+        let mut peer = Peer::spawn(if now { "pong-now" } else { "pong" });
+        let (mut link, _) = Link::connect(&mut peer.socket, 4096);
+        // Our window for the answers, for the peer to connect to.
+        let window = link.worker.alloc_registered(4096).unwrap();
+        send(&mut peer.socket, link.worker.address());
+        send(
+            &mut peer.socket,
+            &link.worker.pack_rkey(window.handle()).unwrap(),
+        );
+        send(&mut peer.socket, &window.addr().to_le_bytes());
+        let mut seq = 0u64;
+        let mut round_trip = |link: &mut Link| {
+            seq += 1;
+            link.put_seq(seq, now);
+            let mut spins = 0u64;
+            while window.load_u64(0) != seq {
+                pause(spins);
+                spins += 1;
+                if spins % (1 << 20) == 0 {
+                    // A PUT that did not run in the first round (never
+                    // seen), or a hang.
+                    link.worker.progress();
+                    assert!(spins < 1 << 30, "no answer from the peer");
+                }
+            }
+        };
+        for _ in 0..1000 {
+            round_trip(&mut link);
+        }
+        group.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let start = Instant::now();
+                for _ in 0..iters {
+                    round_trip(&mut link);
+                }
+                start.elapsed() / 2
+            })
+        });
+        // Tell the peer to stop: u64::MAX.
+        link.put_seq(u64::MAX, now);
+    }
+    group.finish();
+}
+
+impl Link {
+    /// One 8-byte PUT of `seq` to the start of the peer's window: with
+    /// `try_now` if `now` (through the ring if that declines), or pushed,
+    /// submitted and run by one progress round.
+    fn put_seq(&mut self, seq: u64, now: bool) {
+        self.src.write(0, &seq.to_le_bytes());
+        let put =
+            Sqe::put(self.ep, self.src.local(0), self.remote, 8).with_flags(SqeFlags::SKIP_SUCCESS);
+        if now {
+            if let Some(result) = self.qp.try_now(&put) {
+                assert_eq!(result, Ok(8));
+                return;
             }
         }
-    };
-    for _ in 0..1000 {
-        round_trip(&mut link);
+        self.qp.push(put).unwrap();
+        self.qp.submit();
+        self.worker.progress();
     }
-    let mut group = c.benchmark_group("put_lat_8B");
-    group.bench_function("ringfence_shm", |b| {
-        b.iter_custom(|iters| {
-            let start = Instant::now();
-            for _ in 0..iters {
-                round_trip(&mut link);
-            }
-            start.elapsed() / 2
-        })
-    });
-    group.finish();
-    // Tell the peer to stop: u64::MAX.
-    link.src.write(0, &u64::MAX.to_le_bytes());
-    link.qp.push(put).unwrap();
-    link.qp.submit();
-    link.worker.progress();
 }
 
 /// One idle round of a ping-pong wait: spin first (an answer normally
@@ -316,14 +331,13 @@ fn peer_main(role: &str) {
     send(&mut socket, w.address());
     send(&mut socket, &w.pack_rkey(window.handle()).unwrap());
     send(&mut socket, &window.addr().to_le_bytes());
-    if role != "pong" {
+    if !role.starts_with("pong") {
         // Until the bench closes the socket or kills us.
         let _ = socket.read(&mut [0u8; 1]);
         return;
     }
+    let now = role == "pong-now";
     let (mut back, _) = Link::connect(&mut socket, 4096);
-    let put =
-        Sqe::put(back.ep, back.src.local(0), back.remote, 8).with_flags(SqeFlags::SKIP_SUCCESS);
     loop {
         let mut seen = window.load_u64(0);
         let mut spins = 0u64;
@@ -335,10 +349,7 @@ fn peer_main(role: &str) {
         if seen == u64::MAX {
             return;
         }
-        back.src.write(0, &seen.to_le_bytes());
-        back.qp.push(put).unwrap();
-        back.qp.submit();
-        back.worker.progress();
+        back.put_seq(seen, now);
     }
 }
 

@@ -194,6 +194,16 @@ fn is_rma(sqe: &Sqe) -> bool {
     sqe.opcode == Opcode::PUT.as_raw() || sqe.opcode == Opcode::GET.as_raw()
 }
 
+/// The opcode of a PUT or GET; `None` for any other SQE.
+#[inline]
+fn rma_opcode(sqe: &Sqe) -> Option<Opcode> {
+    match sqe.opcode {
+        op if op == Opcode::PUT.as_raw() => Some(Opcode::PUT),
+        op if op == Opcode::GET.as_raw() => Some(Opcode::GET),
+        _ => None,
+    }
+}
+
 /// What the direct path needs of an SQE it admits.
 #[derive(Debug, Clone, Copy)]
 struct Direct {
@@ -216,6 +226,8 @@ struct Resolved {
     rkey: u32,
     max_len: u32,
     get: bool,
+    /// The endpoint's driver runs runs (`Capabilities::execute`).
+    execute: bool,
     /// `MemRegistry::removals` when resolved.
     removals: u64,
     /// Base and length of the registration, and of the remote key.
@@ -232,6 +244,7 @@ impl Resolved {
         rkey: 0,
         max_len: 0,
         get: false,
+        execute: false,
         removals: 0,
         local: (0, 0),
         remote: (0, 0),
@@ -590,12 +603,13 @@ impl Engine {
     /// executes runs.
     #[inline]
     fn extends_run(&mut self, sqe: &Sqe, run: usize, run_ep: u32) -> bool {
-        let opcode = match sqe.opcode {
-            op if op == Opcode::PUT.as_raw() => Opcode::PUT,
-            op if op == Opcode::GET.as_raw() => Opcode::GET,
-            _ => return false,
+        let Some(opcode) = rma_opcode(sqe) else {
+            return false;
         };
         let threshold = self.config.bw_threshold;
+        if run == 0 && self.starts_as_run(sqe, opcode) {
+            return true;
+        }
         if run == 0 {
             // The first of a run: every check of the direct path, and the
             // lookups the rest of the run reuses.
@@ -615,40 +629,33 @@ impl Engine {
             && self.resolved.covers(sqe, opcode)
     }
 
+    /// `extends_run` for the first SQE of a run, from the kept lookups
+    /// alone: `sqe` names what `resolved` holds and passes the direct
+    /// path's every check (see `direct`). `false` may still start a run
+    /// after the full lookups.
+    #[inline]
+    fn starts_as_run(&self, sqe: &Sqe, opcode: Opcode) -> bool {
+        let Some(ep) = self.endpoints.get(sqe.endpoint as usize) else {
+            return false;
+        };
+        self.resolved.execute
+            && self.resolved.covers(sqe, opcode)
+            && sqe.flags().is_ok()
+            && sqe.reserved_are_zero()
+            && ep.head == NONE
+            && ep.submit_epoch == ep.admitted_epoch
+            && !ep.strong_armed
+            && ep.state == EpState::Connected
+            && ep.peek_data_lane(sqe.len, self.config.bw_threshold) == 0
+    }
+
     /// Runs `sqes` (a run that `extends_run` admitted, all on one endpoint
     /// and lane 0) through its driver's `execute`: one call for the run
     /// instead of one `post` each. What the driver did not run goes through
     /// the general path, in order.
     fn execute_run(&mut self, qi: usize, sqes: &[Sqe]) {
         let e = sqes[0].endpoint as usize;
-        let ep = &mut self.endpoints[e];
-        let (driver, driver_ep) = (ep.driver as usize, crate::driver::DriverEp(ep.driver_ep));
-        // Dirty before posting (R14), with the lane's generation (R38).
-        if ep.dirty & 1 == 0 {
-            ep.dirty |= 1;
-            self.cold[e].dirty_generation[0] = self.drivers[driver].lane_generation(driver_ep, 0);
-        }
-        let keys = self.resolved.keys;
-        self.run_ops.clear();
-        self.run_ops.extend(sqes.iter().map(|sqe| Op {
-            kind: if sqe.opcode == Opcode::PUT.as_raw() {
-                OpKind::Put
-            } else {
-                OpKind::Get
-            },
-            lane: 0,
-            local_addr: sqe.local_addr,
-            local_key: keys.local,
-            remote: keys.remote.map(|(key, _)| (key, sqe.remote_addr)),
-            len: sqe.len,
-            operand: 0,
-            operand2: 0,
-            fence: false,
-        }));
-        let results = &mut self.run_results[..sqes.len()];
-        let ran = self.drivers[driver]
-            .execute(driver_ep, &self.run_ops, results)
-            .min(sqes.len());
+        let ran = self.execute_ops(e, sqes);
         let (mut bytes, mut errors) = (0u64, 0u64);
         for (sqe, &result) in sqes[..ran].iter().zip(&self.run_results[..ran]) {
             let skip = sqe.flags & SqeFlags::SKIP_SUCCESS.bits() != 0;
@@ -667,6 +674,97 @@ impl Engine {
         for sqe in &sqes[ran..] {
             if self.shut_down || !self.try_direct(qi, sqe) {
                 self.accept(qi, sqe);
+            }
+        }
+    }
+
+    /// Hands `sqes` (PUTs and GETs of endpoint `e` on lane 0, with the keys
+    /// in `resolved`) to the driver's `execute`; returns how many it ran,
+    /// their results in `run_results`. Marks lane 0 dirty first (R14), with
+    /// its generation (R38).
+    #[inline]
+    fn execute_ops(&mut self, e: usize, sqes: &[Sqe]) -> usize {
+        let ep = &mut self.endpoints[e];
+        let (driver, driver_ep) = (ep.driver as usize, crate::driver::DriverEp(ep.driver_ep));
+        if ep.dirty & 1 == 0 {
+            ep.dirty |= 1;
+            self.cold[e].dirty_generation[0] = self.drivers[driver].lane_generation(driver_ep, 0);
+        }
+        let keys = self.resolved.keys;
+        let op = |sqe: &Sqe| Op {
+            kind: if sqe.opcode == Opcode::PUT.as_raw() {
+                OpKind::Put
+            } else {
+                OpKind::Get
+            },
+            lane: 0,
+            local_addr: sqe.local_addr,
+            local_key: keys.local,
+            remote: keys.remote.map(|(key, _)| (key, sqe.remote_addr)),
+            len: sqe.len,
+            operand: 0,
+            operand2: 0,
+            fence: false,
+        };
+        let driver = &mut self.drivers[driver];
+        if let [sqe] = sqes {
+            // A run of one (a ping-pong): no copy into `run_ops`.
+            let ran = driver.execute(driver_ep, &[op(sqe)], &mut self.run_results[..1]);
+            return ran.min(1);
+        }
+        self.run_ops.clear();
+        self.run_ops.extend(sqes.iter().map(op));
+        driver
+            .execute(
+                driver_ep,
+                &self.run_ops,
+                &mut self.run_results[..sqes.len()],
+            )
+            .min(sqes.len())
+    }
+
+    /// Runs `sqe` now, on the caller's thread, if the direct path would
+    /// start it as a run of one: a valid PUT or GET, on lane 0 of a
+    /// connected endpoint with nothing queued and no boundary pending (R14,
+    /// R18), through a driver that finishes operations inside `execute`;
+    /// and only if queue pair `qi` holds no SQE the engine has not taken
+    /// (an earlier one could be a FENCE that must go first, R12). Returns
+    /// its result, which is its one completion (R31): no CQE follows.
+    /// `None`: nothing was done, and nothing was counted.
+    pub(crate) fn run_now(&mut self, qi: usize, sqe: &Sqe) -> Option<Result<u32, Status>> {
+        let opcode = rma_opcode(sqe)?;
+        if self.resolved.removals != self.mem.removals() {
+            self.resolved = Resolved::NONE;
+        }
+        let admitted = self.starts_as_run(sqe, opcode)
+            || (self.extends_run(sqe, 0, sqe.endpoint) && self.resolved.execute);
+        let q = &mut self.queues[qi];
+        if !admitted || self.shut_down || q.broken || !matches!(q.sq.ready(), Ok(0)) {
+            return None;
+        }
+        let e = sqe.endpoint as usize;
+        if self.execute_ops(e, std::slice::from_ref(sqe)) == 0 {
+            return None;
+        }
+        let result = self.run_results[0];
+        match result {
+            Ok(n) => self.count(e, 1, u64::from(n), 0),
+            Err(status) => self.ran_now_failed(e, status),
+        }
+        Some(result)
+    }
+
+    /// Counts an operation `run_now` ran that failed with `status`, and
+    /// fails its endpoint if the error is fatal: its other requests
+    /// complete now, with CQEs.
+    #[cold]
+    #[inline(never)]
+    fn ran_now_failed(&mut self, e: usize, status: Status) {
+        self.count(e, 1, 0, 1);
+        if is_fatal(status) {
+            self.fail_endpoint(e, status);
+            for q in &mut self.queues {
+                q.publish();
             }
         }
     }
@@ -861,6 +959,7 @@ impl Engine {
                 rkey: sqe.rkey,
                 max_len: caps.max_len,
                 get: caps.get,
+                execute: caps.execute,
                 removals: self.mem.removals(),
                 local: (local.base, local.len),
                 remote: (remote.base, remote.len),
@@ -1524,10 +1623,14 @@ impl Engine {
     /// `errors` failed), in the worker's counters and the endpoint's.
     #[inline]
     fn count(&mut self, e: usize, ops: u64, bytes: u64, errors: u64) {
-        for stats in [&mut self.stats, &mut self.cold[e].stats] {
+        let add = |stats: &mut Stats| {
             stats.ops += ops;
             stats.bytes += bytes;
             stats.errors += errors;
+        };
+        add(&mut self.stats);
+        if let Some(cold) = self.cold.get_mut(e) {
+            add(&mut cold.stats);
         }
     }
 

@@ -16,7 +16,7 @@ use ringfence_ring::{
 };
 use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -774,6 +774,33 @@ impl QueuePair {
             }
         }
         n
+    }
+
+    /// Runs a PUT or GET at once, on this thread, where that keeps every
+    /// rule of the ring: for the lowest latency (a ping-pong), the answer
+    /// to `ucp_put_nbx` finishing inline.
+    ///
+    /// It runs only if the engine would start `sqe` at once anyway (a valid
+    /// PUT or GET on a connected endpoint with nothing queued and no fence
+    /// pending, through a driver that finishes operations inside the call,
+    /// as shm and loopback do), this queue pair has no SQE the engine has
+    /// not taken yet (pushed ones included: one could be a FENCE), and no
+    /// other thread is inside the engine (a core thread's progress round).
+    /// It is then done, remotely visible as after a PUT's CQE: its result
+    /// (bytes, or the status its CQE would carry) is its one completion,
+    /// and no CQE follows, whatever its flags. It is counted in the stats.
+    ///
+    /// `None`: nothing was done; push the SQE as usual.
+    pub fn try_now(&mut self, sqe: &Sqe) -> Option<Result<u32, Status>> {
+        if self.sq.pending() != 0 {
+            return None;
+        }
+        let mut engine = match self.shared.engine.try_lock() {
+            Ok(engine) => engine,
+            Err(TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(TryLockError::WouldBlock) => return None,
+        };
+        engine.run_now(self.index, sqe)
     }
 
     /// Takes one CQE.

@@ -789,3 +789,132 @@ fn a_stale_handle_is_refused_right_after_a_put_through_it() {
     let cqes = run(&p.initiator, &mut qp, &[put], 1);
     assert_eq!(cqes[0].res, Status::InvalidMemHandle.as_raw());
 }
+
+/// `QueuePair::try_now` runs a PUT or GET at once exactly where the ring
+/// would start it at once, returns its one completion, and declines
+/// (doing nothing) everywhere else: an SQE of this queue pair not yet
+/// taken (pushed or submitted; it could be a FENCE), another opcode, an
+/// invalid SQE, a driver that keeps operations in flight, a worker that is
+/// gone. A declined SQE pushed as usual completes as usual.
+#[test]
+fn try_now_runs_where_the_ring_would_start_at_once_and_declines_elsewhere() {
+    let p = Pair::new(CompletionMode::Immediate, 1, 4096);
+    let mut qp = p.initiator.create_queue().unwrap();
+    let ep = p.ep.as_raw();
+    let src = p.initiator.alloc_registered(4096).unwrap();
+    src.write(0, &pattern(4096, 9));
+    let (rkey, base) = (p.rkey.as_raw(), p.window.addr());
+    let put = |off: u64, len: u32| {
+        let remote = RemoteBuf {
+            rkey,
+            addr: base + off,
+        };
+        Sqe::put(ep, src.local(off), remote, len).with_user_data(off)
+    };
+
+    // Runs now: the bytes are there on return, counted, and no CQE follows.
+    assert_eq!(qp.try_now(&put(0, 64)), Some(Ok(64)));
+    assert_eq!(qp.try_now(&put(64, 8)), Some(Ok(8)));
+    let get = Sqe::get(ep, src.local(1024), p.remote(0), 72);
+    assert_eq!(qp.try_now(&get), Some(Ok(72)));
+    let mut landed = vec![0u8; 72];
+    p.window.read(0, &mut landed);
+    assert_eq!(landed, pattern(4096, 9)[..72]);
+    let mut back = vec![0u8; 72];
+    src.read(1024, &mut back);
+    assert_eq!(back, landed, "the GET read the window");
+    let stats = p.initiator.stats();
+    assert_eq!((stats.ops, stats.bytes, stats.errors), (3, 144, 0));
+    for _ in 0..10 {
+        p.initiator.progress();
+    }
+    assert_eq!(qp.pop().unwrap(), None, "no CQE for what ran now");
+
+    // A pushed SQE not yet submitted, then submitted but not yet taken,
+    // goes first: declined, and nothing written.
+    let fence = Sqe::fence(ep, FenceMode::STRONG).with_user_data(7);
+    qp.push(fence).unwrap();
+    assert_eq!(qp.try_now(&put(128, 8)), None);
+    qp.submit();
+    assert_eq!(qp.try_now(&put(128, 8)), None);
+    assert_eq!(p.window.load_u64(128), 0, "a declined PUT writes nothing");
+    let cqes = run(&p.initiator, &mut qp, &[], 1);
+    assert_eq!((cqes[0].user_data, cqes[0].res), (7, 0));
+    // The fence's boundary is still ahead (W > C: it is crossed when the
+    // next operation arrives, R15): declined, and the ring crosses it.
+    assert_eq!(qp.try_now(&put(128, 8)), None);
+    let cqes = run(&p.initiator, &mut qp, &[put(128, 8)], 1);
+    assert_eq!((cqes[0].user_data, cqes[0].res), (128, 8));
+    assert_eq!(qp.try_now(&put(136, 8)), Some(Ok(8)));
+
+    // Not a PUT or GET, or not valid: declined; pushed, it completes as
+    // through the ring.
+    let nop = Sqe::nop().with_user_data(8);
+    let out_of_bounds = Sqe::put(ep, src.local(0), p.remote(4090), 64).with_user_data(9);
+    let bad_key = Sqe::put(
+        ep,
+        src.local(0),
+        RemoteBuf {
+            rkey: 0,
+            addr: p.window.addr(),
+        },
+        8,
+    )
+    .with_user_data(10);
+    for sqe in [fence, nop, out_of_bounds, bad_key] {
+        assert_eq!(qp.try_now(&sqe), None, "{sqe:?}");
+    }
+    let cqes = run(&p.initiator, &mut qp, &[nop, out_of_bounds, bad_key], 3);
+    let got: Vec<(u64, i32)> = cqes.iter().map(|c| (c.user_data, c.res)).collect();
+    assert_eq!(
+        got,
+        [
+            (8, 0),
+            (9, Status::OutOfBounds.as_raw()),
+            (10, Status::InvalidRkey.as_raw())
+        ]
+    );
+
+    // The target withdraws the window: only the driver can know, so the
+    // PUT runs now and fails, and that failure is its completion.
+    p.target.deregister(p.window.handle()).unwrap();
+    assert_eq!(qp.try_now(&put(0, 8)), Some(Err(Status::AccessDenied)));
+    let stats = p.initiator.stats();
+    assert_eq!((stats.ops, stats.errors), (10, 3), "{stats:?}");
+
+    // The worker goes away: declined; pushed, it is canceled.
+    let Pair { initiator, .. } = p;
+    drop(initiator);
+    assert_eq!(qp.try_now(&put(0, 8)), None);
+    qp.push(put(0, 8)).unwrap();
+    qp.submit();
+    let cqe = qp.pop().unwrap().expect("canceled at once");
+    assert_eq!(cqe.res, Status::Canceled.as_raw());
+}
+
+/// A driver that keeps operations in flight (loopback's `NextPoll`)
+/// never runs anything now; and a failed endpoint's error is reported
+/// once, by the operation that met it, then by its CQEs.
+#[test]
+fn try_now_declines_on_drivers_that_keep_operations_in_flight_and_on_failed_endpoints() {
+    let p = Pair::new(CompletionMode::NextPoll, 1, 64);
+    let mut qp = p.initiator.create_queue().unwrap();
+    let src = p.initiator.alloc_registered(64).unwrap();
+    let put = Sqe::put(p.ep.as_raw(), src.local(0), p.remote(0), 8).with_user_data(1);
+    assert_eq!(qp.try_now(&put), None);
+    assert_eq!(run(&p.initiator, &mut qp, &[put], 1)[0].res, 8);
+
+    let p = Pair::new(CompletionMode::Immediate, 1, 64);
+    let mut qp = p.initiator.create_queue().unwrap();
+    let src = p.initiator.alloc_registered(64).unwrap();
+    let put = Sqe::put(p.ep.as_raw(), src.local(0), p.remote(0), 8).with_user_data(2);
+    assert_eq!(qp.try_now(&put), Some(Ok(8)));
+    let Pair {
+        target, initiator, ..
+    } = p;
+    drop(target);
+    assert_eq!(qp.try_now(&put), Some(Err(Status::PeerUnreachable)));
+    assert_eq!(qp.try_now(&put), None, "the endpoint failed");
+    let cqes = run(&initiator, &mut qp, &[put], 1);
+    assert_eq!(cqes[0].res, Status::PeerUnreachable.as_raw());
+}

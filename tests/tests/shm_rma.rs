@@ -471,3 +471,97 @@ fn cross_memory_attach_for_heap_memory() {
     link.send(&[]);
     child.join();
 }
+
+/// `QueuePair::try_now` between two processes, through the driver's hot
+/// key (the last mapped key, kept with its mappings): PUTs and GETs land
+/// at once; a key the target revoked is refused before any byte moves,
+/// even though the engine's lookups still hold it; and a peer killed
+/// mid-stream fails the PUT that meets its death, then the endpoint.
+#[test]
+fn try_now_through_the_hot_key() {
+    const LEN: usize = 4096;
+    if child::role().is_some() {
+        let mut link = Link::new(child::parent_socket());
+        let w = shm::worker(1);
+        let window = w.alloc_registered(LEN).unwrap();
+        link.send(w.address());
+        link.send(&w.pack_rkey(window.handle()).unwrap());
+        link.send_u64s(&[window.addr()]);
+        // Check the PUTs, then withdraw the window; then wait to be killed.
+        let [offset, len, seed] = link.recv_u64s()[..] else {
+            panic!("request")
+        };
+        let mut got = vec![0u8; len as usize];
+        window.read(offset as usize, &mut got);
+        link.send_u64s(&[u64::from(got == pattern(len as usize, seed))]);
+        assert_eq!(link.recv(), b"dereg");
+        w.deregister(window.handle()).unwrap();
+        link.send(b"ok");
+        let _ = link.try_recv();
+        loop {
+            std::thread::park();
+        }
+    }
+    let mut child = ChildProcess::spawn("try_now_through_the_hot_key", "target");
+    let mut link = Link::new(child.socket.try_clone().unwrap());
+    let offer = link.recv_offer();
+    let base = offer.base();
+    let w = shm::worker(1);
+    let (ep, rkey) = offer.connect(&w);
+    let src = w.alloc_registered(2 * LEN).unwrap();
+    let mut qp = w.create_queue().unwrap();
+    let e = ep.as_raw();
+    let remote = |off: u64| RemoteBuf {
+        rkey: rkey.as_raw(),
+        addr: base + off,
+    };
+    let data = pattern(LEN, 5);
+    src.write(0, &data);
+    // Sizes around the inline copies and a bulk one, then a GET of it all.
+    let mut off = 0u64;
+    for len in [1u32, 4, 7, 8, 9, 16, 17, 64, 1000, 2970] {
+        let put = Sqe::put(e, src.local(off), remote(off), len);
+        assert_eq!(qp.try_now(&put), Some(Ok(len)), "PUT of {len} bytes");
+        off += u64::from(len);
+    }
+    assert_eq!(off, LEN as u64);
+    let get = Sqe::get(e, src.local(LEN as u64), remote(0), LEN as u32);
+    assert_eq!(qp.try_now(&get), Some(Ok(LEN as u32)));
+    let mut back = vec![0u8; LEN];
+    src.read(LEN, &mut back);
+    assert!(back == data, "the GET read back the PUTs");
+    link.send_u64s(&[0, LEN as u64, 5]);
+    assert_eq!(link.recv_u64s(), [1], "the target holds the PUTs");
+
+    // Revoked at the target: the hot key's liveness word refuses it.
+    link.send(b"dereg");
+    assert_eq!(link.recv(), b"ok");
+    let put = Sqe::put(e, src.local(0), remote(0), 8);
+    assert_eq!(qp.try_now(&put), Some(Err(ringfence::Status::AccessDenied)));
+    let c = shm::complete(&w, &mut qp, &[put.with_user_data(1)], 1);
+    assert_eq!(c[0].res, ringfence::Status::AccessDenied.as_raw());
+
+    // Killed: PUTs may still land in its memory until the hang-up is seen;
+    // then one fails with PEER_UNREACHABLE and the endpoint with it.
+    child.process.kill().unwrap();
+    child.process.wait().unwrap();
+    let deadline = ringfence_tests::Deadline::after(
+        std::time::Duration::from_secs(60),
+        "the peer's death seen by try_now",
+    );
+    loop {
+        match qp.try_now(&put) {
+            Some(Err(ringfence::Status::AccessDenied)) => {}
+            Some(Err(status)) => {
+                assert_eq!(status, ringfence::Status::PeerUnreachable);
+                break;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        deadline.check(String::new);
+        std::thread::yield_now();
+    }
+    assert_eq!(qp.try_now(&put), None, "the endpoint failed");
+    let c = shm::complete(&w, &mut qp, &[put.with_user_data(2)], 1);
+    assert_eq!(c[0].res, ringfence::Status::PeerUnreachable.as_raw());
+}

@@ -9,6 +9,7 @@ use crate::layout::{CHANNEL_AT, CMA_ACTIVE_AT, EXPORT_SLOTS, MAX_CHANNEL, MIN_CH
 use crate::memfd;
 use crate::sys::alloc::ShmAlloc;
 use crate::sys::fdpass;
+use crate::sys::hot::HotKey;
 use crate::sys::region::SharedRegion;
 use crate::sys::rma;
 use crate::wire::{self, KeyPath, Message};
@@ -155,6 +156,7 @@ impl ShmBuilder {
             inbound: Arc::from(Vec::new()),
             inbound_seen: 0,
             deaths_seen: 0,
+            hot: None,
         })
     }
 }
@@ -183,15 +185,16 @@ struct Conn {
 #[derive(Debug)]
 struct ConnMaps {
     channel: Producer,
-    /// The peer's export status page, read-only.
-    status: SharedRegion,
+    /// The peer's export status page, read-only (shared with the hot key).
+    status: Arc<SharedRegion>,
 }
 
 /// How an unpacked key reaches its region.
 #[derive(Debug)]
 enum Access {
-    /// The region's memfd, mapped here (exactly the region).
-    Mapped(SharedRegion),
+    /// The region's memfd, mapped here (exactly the region; shared with the
+    /// hot key).
+    Mapped(Arc<SharedRegion>),
     /// Cross memory attach into the peer process.
     CrossMemoryAttach,
 }
@@ -223,6 +226,9 @@ pub struct Shm {
     inbound: Arc<[Arc<Inbound>]>,
     inbound_seen: u64,
     deaths_seen: u64,
+    /// The last mapped key a PUT or GET went through (see [`HotKey`]).
+    /// `release_dead` and `disconnect` drop it with the mappings it holds.
+    hot: Option<HotKey>,
 }
 
 fn err(status: Status, detail: impl Into<String>) -> DriverError {
@@ -308,6 +314,8 @@ impl Shm {
             return;
         }
         self.deaths_seen = deaths;
+        // Its mappings go with the others.
+        self.hot = None;
         for (ep, slot) in self.conns.iter_mut().enumerate() {
             let Some(conn) = slot else { continue };
             if conn.maps.is_some() && conn.liveness.dead.load(Ordering::Acquire) {
@@ -320,6 +328,108 @@ impl Shm {
                 tracing::debug!(endpoint = ep, "dead shm peer's memory unmapped");
             }
         }
+    }
+
+    /// `execute` through the hot key, if `ep` and the run's first
+    /// operation name it; `None` leaves the run to the full path. Stops
+    /// before the first operation it does not take, as `execute` may.
+    #[inline]
+    fn execute_hot(
+        &self,
+        ep: DriverEp,
+        ops: &[Op],
+        results: &mut [Result<u32, Status>],
+    ) -> Option<usize> {
+        let hot = self.hot.as_ref().filter(|hot| hot.ep == ep.0)?;
+        // Acquire: as in the full path, once per run; the full path
+        // reports a dead peer.
+        if hot.liveness.dead.load(Ordering::Acquire) {
+            return None;
+        }
+        let n = ops.len().min(results.len());
+        let mut ran = 0;
+        while ran < n {
+            let op = &ops[ran];
+            let done = match op.remote {
+                Some((rkey, addr)) if rkey == hot.rkey && op.lane < hot.lanes => {
+                    hot.access(op, addr)
+                }
+                _ => None,
+            };
+            let Some(done) = done else { break };
+            results[ran] = done;
+            ran += 1;
+            if done.is_err() {
+                break;
+            }
+        }
+        (ran > 0).then_some(ran)
+    }
+
+    /// `execute` with every lookup (the first run through a key, a dead
+    /// peer, an ATOMIC, anything else the hot key does not take). Out of
+    /// line: the hot path's caller stays small.
+    #[inline(never)]
+    fn execute_full(
+        &mut self,
+        ep: DriverEp,
+        ops: &[Op],
+        results: &mut [Result<u32, Status>],
+    ) -> usize {
+        let Some(first) = results.first_mut() else {
+            return 0;
+        };
+        let Some(conn) = self.conns.get(ep.0 as usize).and_then(Option::as_ref) else {
+            *first = Err(Status::EndpointClosed);
+            return 1;
+        };
+        // Acquire: pairs with the control thread's store on hang-up. Once
+        // per run (`post` runs a run of one): a peer that dies during the
+        // run takes its mappings with it only when `poll` releases them,
+        // after this call.
+        let maps = match conn.maps.as_ref() {
+            Some(maps) if !conn.liveness.dead.load(Ordering::Acquire) => maps,
+            _ => {
+                *first = Err(Status::PeerUnreachable);
+                return 1;
+            }
+        };
+        // A run names one remote key, as a rule: looked up once.
+        let mut key: Option<(DriverRkey, &RemoteKey)> = None;
+        for (i, (op, result)) in ops.iter().zip(results.iter_mut()).enumerate() {
+            *result = match op.remote {
+                _ if op.lane >= conn.lanes || op.kind == OpKind::Notify => {
+                    Err(Status::InvalidArgument)
+                }
+                None => Err(Status::InvalidRkey),
+                Some((rkey, addr)) => match key {
+                    Some((id, key)) if id == rkey => Shm::access(key, conn, maps, op, addr),
+                    _ => Shm::remote_key(&self.rkeys, ep, rkey).and_then(|k| {
+                        key = Some((rkey, k));
+                        Shm::access(k, conn, maps, op, addr)
+                    }),
+                },
+            };
+            if result.is_err() {
+                return i + 1;
+            }
+        }
+        // The key of a run of PUTs and GETs that went through a mapping
+        // becomes the hot one.
+        if let Some((rkey, k)) = key {
+            let copies = ops
+                .last()
+                .is_some_and(|op| matches!(op.kind, OpKind::Put | OpKind::Get));
+            if let (true, Access::Mapped(region)) = (copies, &k.access) {
+                self.hot = HotKey::new(
+                    (ep.0, rkey, conn.lanes),
+                    (region.clone(), k.base),
+                    (maps.status.clone(), k.slot, k.generation),
+                    conn.liveness.clone(),
+                );
+            }
+        }
+        ops.len().min(results.len())
     }
 
     /// The unpacked key `rkey` of endpoint `ep`.
@@ -560,7 +670,7 @@ impl Driver for Shm {
         conn.peer_notify_size = notify_size;
         conn.maps = Some(ConnMaps {
             channel: Producer::new(page, self.channel_bytes),
-            status: status_map,
+            status: Arc::new(status_map),
         });
 
         // Watch the socket for the peer's death.
@@ -589,6 +699,8 @@ impl Driver for Shm {
     }
 
     fn disconnect(&mut self, ep: DriverEp) {
+        // Its mappings go with the connection's.
+        self.hot = None;
         let Some(conn) = self.conns.get_mut(ep.0 as usize).and_then(Option::take) else {
             return;
         };
@@ -722,7 +834,7 @@ impl Driver for Shm {
                     SharedRegion::map(fd.as_fd(), fd_offset, len as usize, true).map_err(|e| {
                         err(Status::NoMemory, format!("mapping the peer's region: {e}"))
                     })?;
-                Access::Mapped(region)
+                Access::Mapped(Arc::new(region))
             }
             KeyPath::CrossMemoryAttach => {
                 if !fds.is_empty() {
@@ -791,45 +903,10 @@ impl Driver for Shm {
     }
 
     fn execute(&mut self, ep: DriverEp, ops: &[Op], results: &mut [Result<u32, Status>]) -> usize {
-        let Some(first) = results.first_mut() else {
-            return 0;
-        };
-        let Some(conn) = self.conns.get(ep.0 as usize).and_then(Option::as_ref) else {
-            *first = Err(Status::EndpointClosed);
-            return 1;
-        };
-        // Acquire: pairs with the control thread's store on hang-up. Once
-        // per run (`post` runs a run of one): a peer that dies during the
-        // run takes its mappings with it only when `poll` releases them,
-        // after this call.
-        let maps = match conn.maps.as_ref() {
-            Some(maps) if !conn.liveness.dead.load(Ordering::Acquire) => maps,
-            _ => {
-                *first = Err(Status::PeerUnreachable);
-                return 1;
-            }
-        };
-        // A run names one remote key, as a rule: looked up once.
-        let mut key: Option<(DriverRkey, &RemoteKey)> = None;
-        for (i, (op, result)) in ops.iter().zip(results.iter_mut()).enumerate() {
-            *result = match op.remote {
-                _ if op.lane >= conn.lanes || op.kind == OpKind::Notify => {
-                    Err(Status::InvalidArgument)
-                }
-                None => Err(Status::InvalidRkey),
-                Some((rkey, addr)) => match key {
-                    Some((id, key)) if id == rkey => Shm::access(key, conn, maps, op, addr),
-                    _ => Shm::remote_key(&self.rkeys, ep, rkey).and_then(|k| {
-                        key = Some((rkey, k));
-                        Shm::access(k, conn, maps, op, addr)
-                    }),
-                },
-            };
-            if result.is_err() {
-                return i + 1;
-            }
+        match self.execute_hot(ep, ops, results) {
+            Some(ran) => ran,
+            None => self.execute_full(ep, ops, results),
         }
-        ops.len().min(results.len())
     }
 
     fn flush(&mut self, ep: DriverEp, _lanes: LaneMask, _token: Token) -> Posted {

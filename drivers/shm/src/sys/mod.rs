@@ -12,5 +12,6 @@
 
 pub(crate) mod alloc;
 pub(crate) mod fdpass;
+pub(crate) mod hot;
 pub(crate) mod region;
 pub(crate) mod rma;

@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// As [`std::ptr::copy`]: `src` readable and `dst` writable for `len`
 /// bytes.
 #[inline]
-unsafe fn copy(src: *const u8, dst: *mut u8, len: usize) {
+pub(crate) unsafe fn copy(src: *const u8, dst: *mut u8, len: usize) {
     // SAFETY: in every arm, each load and store covers a sub-range of
     // `[0, len)` of its pointer, which the caller makes valid; unaligned
     // accesses are used throughout, and all loads precede the stores, so
