@@ -672,6 +672,26 @@ int rf_ring_destroy(struct rf_ring *ring);
 int rf_ring_wake(const struct rf_ring *ring);
 
 /**
+ * Runs the PUT or GET `*sqe` at once, on this thread, where that keeps
+ * every rule of the ring (see `QueuePair::try_now`): the engine would
+ * start it at once anyway, the ring has no SQE the engine has not taken
+ * (none taken with `rf_get_sqe` and not yet submitted either), and no
+ * other thread is inside the engine. For the lowest latency; declined,
+ * push it as usual.
+ *
+ * Returns 1 when it ran: `*res` is its one completion (bytes, or the
+ * negative status its CQE would carry) and no CQE follows; 0 when it
+ * declined (nothing done, `*res` untouched); `RF_ESTALE_HANDLE`;
+ * `RF_EINVALID_ARGUMENT` for NULL or misaligned pointers.
+ *
+ * # Safety
+ * - `ring` is NULL or points to a readable `struct rf_ring`;
+ * - `sqe` is NULL or points to a readable `struct rf_sqe`;
+ * - `res` is NULL or points to a writable `int32_t`.
+ */
+int rf_ring_try_now(const struct rf_ring *ring, const struct rf_sqe *sqe, int32_t *res);
+
+/**
  * The CQ's eventfd, to put in epoll (or poll) for `EPOLLIN`. It becomes
  * readable when the engine posts CQEs while the ring is armed
  * (`rf_ring_cq_arm`). It belongs to the ring: do not close it.
