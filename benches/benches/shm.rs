@@ -19,7 +19,10 @@
 //! - `put_lat_8B`: the peer connects back; each round trip is an 8-byte
 //!   PUT of a sequence number into the peer's window, which the peer spins
 //!   on and answers with a PUT of the same number into ours. The reported
-//!   time is half a round trip (one way).
+//!   time is half a round trip (one way). `ringfence_shm`: each PUT is
+//!   pushed, submitted and run by one progress round; `ringfence_shm_now`:
+//!   each PUT goes through `QueuePair::try_now` on both sides (through the
+//!   ring when it declines, which the first one after connecting may).
 //!
 //! Before timing, 1,000 PUTs of a pattern are read back with GET and
 //! checked. Both processes busy-poll in the latency group (spinning, then

@@ -7,8 +7,9 @@
 #   benches/compare/shm_vs_ucx.sh [ROUNDS]      (default 3)
 #
 # Each round runs, one after the other:
-#   1. the criterion bench `shm` (put_bw, put_rate_8B, put_lat_8B, and the
-#      memcpy baselines), with short warm-up and measurement times;
+#   1. the criterion bench `shm` (put_bw, put_rate_8B, put_lat_8B through
+#      the ring and with `try_now`, and the memcpy baselines), with short
+#      warm-up and measurement times;
 #   2. ucx_perftest with UCX_TLS=posix, a server and a client process on
 #      localhost, once per figure:
 #        -t ucp_put_bw  -s 4096 / 65536 / 1048576   (bandwidth)
@@ -68,6 +69,8 @@ for round in $(seq 1 "$ROUNDS"); do
     record rf_put_rate_8B "$(python3 -c "print(1e3 / $ns)")"
     ns=$(median_ns "put_lat_8B/ringfence_shm")
     record rf_put_lat_8B "$ns"
+    ns=$(median_ns "put_lat_8B/ringfence_shm_now")
+    record rf_put_lat_now_8B "$ns"
 
     echo "== round $round of $ROUNDS: UCX (ucx_perftest, UCX_TLS=posix)"
     for size in 4096 65536 1048576; do
@@ -99,6 +102,8 @@ rf, ucx = m["rf_put_rate_8B"], m["ucx_put_rate_8B"]
 print(f"{'put rate 8 B':<22}{rf:>12.2f}{'':>10}{ucx:>12.2f}{'':>11}{rf / ucx:>9.2f}")
 rf, ucx = m["rf_put_lat_8B"], m["ucx_put_lat_8B"]
 print(f"{'put latency 8 B':<22}{rf:>12.1f}{'':>10}{ucx:>12.1f}{'':>11}{rf / ucx:>9.2f}  (lower is better)")
+rf = m["rf_put_lat_now_8B"]
+print(f"{'  with try_now':<22}{rf:>12.1f}{'':>10}{ucx:>12.1f}{'':>11}{rf / ucx:>9.2f}  (lower is better)")
 print("\nper round:")
 for k in sorted(rows):
     print(f"  {k:<22}" + "  ".join(f"{v:.2f}" for v in rows[k]))

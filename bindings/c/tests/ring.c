@@ -84,20 +84,37 @@ static void a_full_cq_drops_nothing(void)
     MUST(rf_worker_destroy(w));
 }
 
-static void put_and_get_through_loopback(void)
+/* A loopback initiator `w` connected (endpoint `ep`) to `target`, whose
+   window of `window_len` bytes it reaches through `rkey`, and `local`
+   registered on `w` as `mem`. */
+struct link {
+    rf_worker_t target, w;
+    uint32_t ep, mem, rkey;
+    uint8_t *window;
+};
+
+static struct link connect_window(size_t window_len, void *local, size_t local_len)
 {
-    rf_worker_t target = worker(0), w = worker(0);
+    struct link l = {.target = worker(0), .w = worker(0)};
     uint8_t addr[512], key[512];
     size_t addr_len = 0, key_len = 0;
-    uint32_t ep = 0, window_mem = 0, mem = 0, rkey = 0;
-    uint8_t *window = NULL;
+    uint32_t window_mem = 0;
+    MUST(rf_worker_address(l.target, addr, sizeof addr, &addr_len));
+    MUST(rf_mem_alloc(l.target, window_len, (void **)&l.window, &window_mem));
+    MUST(rf_rkey_pack(l.target, window_mem, key, sizeof key, &key_len));
+    MUST(rf_ep_connect(l.w, addr, addr_len, &l.ep));
+    MUST(rf_rkey_unpack(l.w, l.ep, key, key_len, &l.rkey));
+    MUST(rf_mem_register(l.w, local, local_len, &l.mem));
+    return l;
+}
+
+static void put_and_get_through_loopback(void)
+{
     static uint8_t local[8192];
-    MUST(rf_worker_address(target, addr, sizeof addr, &addr_len));
-    MUST(rf_mem_alloc(target, 4096, (void **)&window, &window_mem));
-    MUST(rf_rkey_pack(target, window_mem, key, sizeof key, &key_len));
-    MUST(rf_ep_connect(w, addr, addr_len, &ep));
-    MUST(rf_rkey_unpack(w, ep, key, key_len, &rkey));
-    MUST(rf_mem_register(w, local, sizeof local, &mem));
+    struct link l = connect_window(4096, local, sizeof local);
+    rf_worker_t target = l.target, w = l.w;
+    uint32_t ep = l.ep, mem = l.mem, rkey = l.rkey;
+    uint8_t *window = l.window;
     struct rf_ring ring;
     MUST(rf_ring_create(w, 0, 0, &ring));
     for (int i = 0; i < 4096; i++)
@@ -123,18 +140,11 @@ static void put_and_get_through_loopback(void)
    CQE follows) and declines while the ring holds an SQE not yet taken. */
 static void try_now_runs_or_declines(void)
 {
-    rf_worker_t target = worker(0), w = worker(0);
-    uint8_t addr[512], key[512];
-    size_t addr_len = 0, key_len = 0;
-    uint32_t ep = 0, window_mem = 0, mem = 0, rkey = 0;
-    uint8_t *window = NULL;
     static uint8_t local[64];
-    MUST(rf_worker_address(target, addr, sizeof addr, &addr_len));
-    MUST(rf_mem_alloc(target, 64, (void **)&window, &window_mem));
-    MUST(rf_rkey_pack(target, window_mem, key, sizeof key, &key_len));
-    MUST(rf_ep_connect(w, addr, addr_len, &ep));
-    MUST(rf_rkey_unpack(w, ep, key, key_len, &rkey));
-    MUST(rf_mem_register(w, local, sizeof local, &mem));
+    struct link l = connect_window(64, local, sizeof local);
+    rf_worker_t target = l.target, w = l.w;
+    uint32_t ep = l.ep, mem = l.mem, rkey = l.rkey;
+    uint8_t *window = l.window;
     struct rf_ring ring;
     MUST(rf_ring_create(w, 0, 0, &ring));
     memset(local, 0x5a, sizeof local);

@@ -44,7 +44,13 @@
 //! ([`Posted::Done`](ringfence::Posted)), and runs of PUTs and GETs inside
 //! one [`Driver::execute`](ringfence::Driver::execute) call (liveness and
 //! the remote key checked once per run, the target's export status once per
-//! operation); lanes are ordered (they are all this CPU). NOTIFY appends a record to the endpoint's channel (or answers
+//! operation); lanes are ordered (they are all this CPU). The last mapped
+//! key a PUT or GET went through stays **hot**: the driver keeps its
+//! mapping, bounds and status word at hand (with references that keep the
+//! mappings alive), so the next runs through it skip the connection and
+//! key tables; that, with the engine's
+//! [`QueuePair::try_now`](ringfence::QueuePair::try_now), is the path of a
+//! ping-pong. NOTIFY appends a record to the endpoint's channel (or answers
 //! `NoResource` when it is full, and the engine retries); the target's
 //! `poll` copies each payload once into a notification buffer.
 //!

@@ -1,5 +1,7 @@
 //! The only code in this crate allowed to be unsafe: raw access to shared
-//! mappings, RMA on behalf of [`Driver::post`](ringfence::Driver::post),
+//! mappings, RMA on behalf of [`Driver::post`](ringfence::Driver::post)
+//! (and through the hot key, which holds raw pointers into the mappings
+//! it keeps alive),
 //! adopting descriptors received with `SCM_RIGHTS`, and the memfd memory
 //! handed to the worker as [`DriverMemory`](ringfence::DriverMemory).
 //!
