@@ -566,11 +566,7 @@ impl Engine {
     /// reports any error.
     #[inline]
     fn direct(&mut self, sqe: &Sqe) -> Option<Direct> {
-        let opcode = match sqe.opcode {
-            op if op == Opcode::PUT.as_raw() => Opcode::PUT,
-            op if op == Opcode::GET.as_raw() => Opcode::GET,
-            _ => return None,
-        };
+        let opcode = rma_opcode(sqe)?;
         let flags = sqe.flags().ok()?;
         let ep = self.endpoints.get(sqe.endpoint as usize)?;
         let ready = ep.head == NONE
@@ -732,12 +728,12 @@ impl Engine {
     /// its result, which is its one completion (R31): no CQE follows.
     /// `None`: nothing was done, and nothing was counted.
     pub(crate) fn run_now(&mut self, qi: usize, sqe: &Sqe) -> Option<Result<u32, Status>> {
-        let opcode = rma_opcode(sqe)?;
+        rma_opcode(sqe)?;
         if self.resolved.removals != self.mem.removals() {
             self.resolved = Resolved::NONE;
         }
-        let admitted = self.starts_as_run(sqe, opcode)
-            || (self.extends_run(sqe, 0, sqe.endpoint) && self.resolved.execute);
+        // `extends_run` tries the kept lookups first (`starts_as_run`).
+        let admitted = self.extends_run(sqe, 0, sqe.endpoint) && self.resolved.execute;
         let q = &mut self.queues[qi];
         if !admitted || self.shut_down || q.broken || !matches!(q.sq.ready(), Ok(0)) {
             return None;
