@@ -321,6 +321,25 @@ pub trait Driver: Send + fmt::Debug + 'static {
         0
     }
 
+    /// A hint that an operation through remote key `rkey` of `ep` will
+    /// soon access `addr` (a PUT if `write`): a driver that maps the peer's
+    /// memory can start moving that cache line to this CPU while the
+    /// engine validates the operation, so the line transfer overlaps the
+    /// checks instead of following them. Called before anything about the
+    /// operation is checked: it must not fault, block, allocate or change
+    /// memory. The default does nothing.
+    fn prefetch(&self, ep: DriverEp, rkey: DriverRkey, addr: u64, write: bool) {
+        let _ = (ep, rkey, addr, write);
+    }
+
+    /// `execute` for a run of one (a ping-pong's PUT): its result, or
+    /// `None` if it did not run. Drivers with a shorter path for a single
+    /// operation override it; the default calls `execute`.
+    fn execute_one(&mut self, ep: DriverEp, op: &Op) -> Option<Result<u32, Status>> {
+        let mut result = [Ok(0)];
+        (self.execute(ep, std::slice::from_ref(op), &mut result) > 0).then_some(result[0])
+    }
+
     /// Starts a flush of `lanes` of `ep`: it completes when every operation
     /// posted on those lanes before it is remotely complete. An empty mask
     /// completes at once. Must not allocate or block.

@@ -490,6 +490,9 @@ impl Engine {
                 return 0;
             }
         };
+        if n > 0 && is_rma(&sqes[0]) {
+            self.prefetch(&sqes[0]);
+        }
         // Runs of direct PUTs and GETs to one endpoint go to its driver in
         // one call; anything else first ends the run (order is kept).
         let (mut i, mut start) = (0, 0);
@@ -704,9 +707,14 @@ impl Engine {
         };
         let driver = &mut self.drivers[driver];
         if let [sqe] = sqes {
-            // A run of one (a ping-pong): no copy into `run_ops`.
-            let ran = driver.execute(driver_ep, &[op(sqe)], &mut self.run_results[..1]);
-            return ran.min(1);
+            // A run of one (a ping-pong): the driver's single-operation path.
+            return match driver.execute_one(driver_ep, &op(sqe)) {
+                Some(result) => {
+                    self.run_results[0] = result;
+                    1
+                }
+                None => 0,
+            };
         }
         self.run_ops.clear();
         self.run_ops.extend(sqes.iter().map(op));
@@ -732,6 +740,7 @@ impl Engine {
         if self.resolved.removals != self.mem.removals() {
             self.resolved = Resolved::NONE;
         }
+        self.prefetch(sqe);
         // `extends_run` tries the kept lookups first (`starts_as_run`).
         let admitted = self.extends_run(sqe, 0, sqe.endpoint) && self.resolved.execute;
         let q = &mut self.queues[qi];
@@ -748,6 +757,34 @@ impl Engine {
             Err(status) => self.ran_now_failed(e, status),
         }
         Some(result)
+    }
+
+    /// Hands the driver a prefetch hint for `sqe` if it names the kept
+    /// lookups' endpoint and remote key (a ping-pong: the next PUT goes to
+    /// the same line): the peer's line starts moving here while `run_now`
+    /// checks the SQE. Only a hint: nothing is accessed before the checks.
+    #[inline]
+    fn prefetch(&self, sqe: &Sqe) {
+        let r = &self.resolved;
+        let Some((rkey, _)) = r.keys.remote else {
+            return;
+        };
+        if sqe.rkey != r.rkey || sqe.endpoint != r.endpoint {
+            return;
+        }
+        // No driver after shutdown: nothing to hint.
+        let Some(ep) = self.endpoints.get(sqe.endpoint as usize) else {
+            return;
+        };
+        if let Some(driver) = self.drivers.get(ep.driver as usize) {
+            let write = sqe.opcode == Opcode::PUT.as_raw();
+            driver.prefetch(
+                crate::driver::DriverEp(ep.driver_ep),
+                rkey,
+                sqe.remote_addr,
+                write,
+            );
+        }
     }
 
     /// Counts an operation `run_now` ran that failed with `status`, and

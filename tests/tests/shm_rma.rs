@@ -530,6 +530,31 @@ fn try_now_through_the_hot_key() {
     let mut back = vec![0u8; LEN];
     src.read(LEN, &mut back);
     assert!(back == data, "the GET read back the PUTs");
+    // Past the window's end, below its start, across its end, at the top
+    // of the address space: the engine's prefetch hint (which names the
+    // hot key) leaves every byte alone, the checks refuse each PUT with
+    // its one CQE, and the hot key still serves the window afterwards.
+    for (addr, len) in [
+        (base + LEN as u64, 8),
+        (base - 64, 8),
+        (base + LEN as u64 - 4, 8),
+        (u64::MAX - 7, 8),
+    ] {
+        let rb = RemoteBuf {
+            rkey: rkey.as_raw(),
+            addr,
+        };
+        let put = Sqe::put(e, src.local(0), rb, len).with_user_data(9);
+        assert_eq!(qp.try_now(&put), None, "declined at {addr:#x}");
+        let c = shm::complete(&w, &mut qp, &[put], 1);
+        assert_eq!(
+            c[0].res,
+            ringfence::Status::OutOfBounds.as_raw(),
+            "{addr:#x}"
+        );
+    }
+    let put = Sqe::put(e, src.local(0), remote(0), 8);
+    assert_eq!(qp.try_now(&put), Some(Ok(8)), "the hot key after refusals");
     link.send_u64s(&[0, LEN as u64, 5]);
     assert_eq!(link.recv_u64s(), [1], "the target holds the PUTs");
 

@@ -909,6 +909,31 @@ impl Driver for Shm {
         }
     }
 
+    fn prefetch(&self, ep: DriverEp, rkey: DriverRkey, addr: u64, write: bool) {
+        if let Some(hot) = self.hot.as_ref().filter(|h| h.ep == ep.0 && h.rkey == rkey) {
+            hot.prefetch(addr, write);
+        }
+    }
+
+    fn execute_one(&mut self, ep: DriverEp, op: &Op) -> Option<Result<u32, Status>> {
+        if let Some(hot) = &self.hot {
+            if let Some((rkey, addr)) = op.remote {
+                // Acquire on `dead`: as in `execute_hot`.
+                if hot.ep == ep.0
+                    && rkey == hot.rkey
+                    && op.lane < hot.lanes
+                    && !hot.liveness.dead.load(Ordering::Acquire)
+                {
+                    if let Some(result) = hot.access(op, addr) {
+                        return Some(result);
+                    }
+                }
+            }
+        }
+        let mut result = [Ok(0)];
+        (self.execute_full(ep, std::slice::from_ref(op), &mut result) > 0).then_some(result[0])
+    }
+
     fn flush(&mut self, ep: DriverEp, _lanes: LaneMask, _token: Token) -> Posted {
         let Some(conn) = self.conns.get(ep.0 as usize).and_then(Option::as_ref) else {
             return Posted::Done(Err(Status::EndpointClosed));

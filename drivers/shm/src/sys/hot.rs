@@ -77,6 +77,18 @@ impl HotKey {
         })
     }
 
+    /// Starts moving the line at remote address `addr` to this CPU (for
+    /// writing if `write`), if it lies inside the region. A hint only.
+    #[inline]
+    pub(crate) fn prefetch(&self, addr: u64, write: bool) {
+        let offset = addr.wrapping_sub(self.base);
+        if offset < self.len {
+            // SAFETY: `offset < self.len`: inside `_region`'s mapping.
+            let line = unsafe { self.map.as_ptr().add(offset as usize) };
+            rma::prefetch(line, write);
+        }
+    }
+
     /// Runs PUT or GET `op` at remote address `addr`; `None` for any other
     /// operation (the full path takes it). The local range is the
     /// engine's, validated against a live registration (the

@@ -68,6 +68,28 @@ pub(crate) unsafe fn copy(src: *const u8, dst: *mut u8, len: usize) {
     }
 }
 
+/// Asks the CPU to bring the cache line holding `at` into its cache, owned
+/// for writing if `write` (PREFETCHW), so that a store after the
+/// operation's checks finds the line here instead of starting the transfer
+/// from the peer's CPU only then. A prefetch never faults and changes no
+/// memory; PREFETCHW (`0F 0D /1`) executes as a no-op on x86_64 CPUs that
+/// lack it. Not modelled by miri (no inline assembly): a no-op there.
+#[inline(always)]
+pub(crate) fn prefetch(at: *const u8, write: bool) {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    // SAFETY: a prefetch instruction reads no memory architecturally,
+    // writes none and cannot fault, whatever the address.
+    unsafe {
+        if write {
+            std::arch::asm!("prefetchw [{0}]", in(reg) at, options(nostack, preserves_flags, readonly));
+        } else {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(at.cast());
+        }
+    }
+    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
+    let _ = (at, write);
+}
+
 /// Runs a PUT, GET or ATOMIC on `region` (the peer's exported region,
 /// mapped here), `offset` bytes into it. Bounds and alignment are checked
 /// here before any byte moves.
