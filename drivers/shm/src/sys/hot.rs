@@ -92,8 +92,9 @@ impl HotKey {
     /// Runs PUT or GET `op` at remote address `addr`; `None` for any other
     /// operation (the full path takes it). The local range is the
     /// engine's, validated against a live registration (the
-    /// `Driver::execute` contract).
-    #[inline]
+    /// `Driver::execute` contract). Always inlined: `execute`'s loop
+    /// keeps the key's fields in registers across a run.
+    #[inline(always)]
     pub(crate) fn access(&self, op: &Op, addr: u64) -> Option<Result<u32, Status>> {
         let put = match op.kind {
             OpKind::Put => true,
