@@ -1023,7 +1023,24 @@ impl RegisteredBuf {
     /// # Panics
     /// If `offset` is not 8-byte aligned or out of bounds.
     pub fn load_u64(&self, offset: usize) -> u64 {
-        assert!(offset + 8 <= self.len, "load out of bounds");
+        assert!(
+            offset.checked_add(8).is_some_and(|end| end <= self.len),
+            "load out of bounds"
+        );
         self.mem.load_u64(offset)
+    }
+
+    /// Writes the 8-byte word at `offset` atomically, with Release order:
+    /// one store, for a word a peer polls or reads with atomics (a
+    /// ping-pong's sequence number, a flag after a payload).
+    ///
+    /// # Panics
+    /// If `offset` is not 8-byte aligned or out of bounds.
+    pub fn store_u64(&self, offset: usize, value: u64) {
+        assert!(
+            offset.checked_add(8).is_some_and(|end| end <= self.len),
+            "store out of bounds"
+        );
+        self.mem.store_u64(offset, value);
     }
 }

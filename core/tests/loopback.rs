@@ -918,3 +918,33 @@ fn try_now_declines_on_drivers_that_keep_operations_in_flight_and_on_failed_endp
     let cqes = run(&initiator, &mut qp, &[put], 1);
     assert_eq!(cqes[0].res, Status::PeerUnreachable.as_raw());
 }
+
+/// `store_u64` writes one word that a GET from the peer reads back; an
+/// unaligned or out-of-bounds offset panics and writes nothing.
+#[test]
+fn store_u64_is_one_word_a_peer_reads() {
+    let p = Pair::new(CompletionMode::Immediate, 1, 64);
+    let mut qp = p.initiator.create_queue().unwrap();
+    let local = p.initiator.alloc_registered(64).unwrap();
+    p.window.store_u64(8, 0x0102_0304_0506_0708);
+    assert_eq!(p.window.load_u64(8), 0x0102_0304_0506_0708);
+    let get = Sqe::get(p.ep.as_raw(), local.local(0), p.remote(8), 8).with_user_data(1);
+    let c = run(&p.initiator, &mut qp, &[get], 1);
+    assert_eq!(c[0].res, 8);
+    let mut got = [0u8; 8];
+    local.read(0, &mut got);
+    assert_eq!(u64::from_ne_bytes(got), 0x0102_0304_0506_0708);
+    for offset in [4, 60, 64, usize::MAX - 3] {
+        let window = std::panic::AssertUnwindSafe(&p.window);
+        let refused = std::panic::catch_unwind(|| window.store_u64(offset, u64::MAX));
+        assert!(refused.is_err(), "offset {offset} refused");
+    }
+    let mut all = [0u8; 64];
+    p.window.read(0, &mut all);
+    assert!(
+        all.iter()
+            .enumerate()
+            .all(|(i, &b)| (8..16).contains(&i) || b == 0),
+        "nothing else written: {all:?}"
+    );
+}

@@ -180,13 +180,29 @@ impl OwnedMem {
     /// If `offset` is not 8-byte aligned or the word is out of bounds.
     pub(crate) fn load_u64(&self, offset: usize) -> u64 {
         assert!(
-            offset % 8 == 0 && offset + 8 <= self.len(),
+            offset % 8 == 0 && offset.checked_add(8).is_some_and(|end| end <= self.len()),
             "unaligned or out of bounds"
         );
         // SAFETY: aligned (the base is 64-aligned, the offset 8-aligned) and
         // in bounds (asserted).
         unsafe { AtomicU64::from_ptr((self.addr() + offset as u64) as usize as *mut u64) }
             .load(Ordering::Acquire)
+    }
+
+    /// Writes the word at `offset` atomically (Release: the writes before
+    /// it are visible to whoever reads it with Acquire).
+    ///
+    /// # Panics
+    /// If `offset` is not 8-byte aligned or the word is out of bounds.
+    pub(crate) fn store_u64(&self, offset: usize, value: u64) {
+        assert!(
+            offset % 8 == 0 && offset.checked_add(8).is_some_and(|end| end <= self.len()),
+            "unaligned or out of bounds"
+        );
+        // SAFETY: aligned (the base is 64-aligned, the offset 8-aligned) and
+        // in bounds (asserted).
+        unsafe { AtomicU64::from_ptr((self.addr() + offset as u64) as usize as *mut u64) }
+            .store(value, Ordering::Release);
     }
 
     /// A borrowed view of `len` bytes at `offset`.
@@ -244,6 +260,8 @@ mod tests {
         }
         assert_eq!(mem.load_u64(8), 2);
         assert_eq!(mem.load_u64(16), 9);
+        mem.store_u64(56, u64::MAX - 1);
+        assert_eq!(mem.load_u64(56), u64::MAX - 1);
         let mut out = [0u8; 8];
         mem.read(24, &mut out);
         assert_eq!(u64::from_ne_bytes(out), 2);

@@ -50,7 +50,13 @@
 //! mappings alive), so the next runs through it skip the connection and
 //! key tables; that, with the engine's
 //! [`QueuePair::try_now`](ringfence::QueuePair::try_now), is the path of a
-//! ping-pong. NOTIFY appends a record to the endpoint's channel (or answers
+//! ping-pong. The engine also hands the driver a prefetch hint
+//! ([`Driver::prefetch`](ringfence::Driver::prefetch)) for an SQE that
+//! names the hot key, before checking it: the driver issues PREFETCHW on
+//! the target line (inside the key's bounds; a prefetch never faults and
+//! writes nothing), so the line's transfer from the peer's CPU, the
+//! largest part of a ping-pong's one-way latency, overlaps the checks
+//! instead of following them. NOTIFY appends a record to the endpoint's channel (or answers
 //! `NoResource` when it is full, and the engine retries); the target's
 //! `poll` copies each payload once into a notification buffer.
 //!
