@@ -1023,10 +1023,7 @@ impl RegisteredBuf {
     /// # Panics
     /// If `offset` is not 8-byte aligned or out of bounds.
     pub fn load_u64(&self, offset: usize) -> u64 {
-        assert!(
-            offset.checked_add(8).is_some_and(|end| end <= self.len),
-            "load out of bounds"
-        );
+        self.check_word(offset);
         self.mem.load_u64(offset)
     }
 
@@ -1037,10 +1034,16 @@ impl RegisteredBuf {
     /// # Panics
     /// If `offset` is not 8-byte aligned or out of bounds.
     pub fn store_u64(&self, offset: usize, value: u64) {
+        self.check_word(offset);
+        self.mem.store_u64(offset, value);
+    }
+
+    /// Panics unless the 8-byte word at `offset` lies inside this buffer
+    /// (the allocation under it may be longer).
+    fn check_word(&self, offset: usize) {
         assert!(
             offset.checked_add(8).is_some_and(|end| end <= self.len),
-            "store out of bounds"
+            "word out of bounds"
         );
-        self.mem.store_u64(offset, value);
     }
 }

@@ -174,19 +174,27 @@ impl OwnedMem {
         }
     }
 
+    /// The word at `offset`, for atomic access.
+    ///
+    /// # Panics
+    /// If `offset` is not 8-byte aligned or the word is out of bounds.
+    fn word(&self, offset: usize) -> &AtomicU64 {
+        assert!(
+            offset % 8 == 0 && offset.checked_add(8).is_some_and(|end| end <= self.len()),
+            "unaligned or out of bounds"
+        );
+        // SAFETY: aligned (the base is 64-aligned, the offset 8-aligned), in
+        // bounds (asserted), and allocated while `self` (hence the borrow)
+        // lives; every access to it goes through atomics or raw copies.
+        unsafe { AtomicU64::from_ptr((self.addr() + offset as u64) as usize as *mut u64) }
+    }
+
     /// The word at `offset`, read atomically.
     ///
     /// # Panics
     /// If `offset` is not 8-byte aligned or the word is out of bounds.
     pub(crate) fn load_u64(&self, offset: usize) -> u64 {
-        assert!(
-            offset % 8 == 0 && offset.checked_add(8).is_some_and(|end| end <= self.len()),
-            "unaligned or out of bounds"
-        );
-        // SAFETY: aligned (the base is 64-aligned, the offset 8-aligned) and
-        // in bounds (asserted).
-        unsafe { AtomicU64::from_ptr((self.addr() + offset as u64) as usize as *mut u64) }
-            .load(Ordering::Acquire)
+        self.word(offset).load(Ordering::Acquire)
     }
 
     /// Writes the word at `offset` atomically (Release: the writes before
@@ -195,14 +203,7 @@ impl OwnedMem {
     /// # Panics
     /// If `offset` is not 8-byte aligned or the word is out of bounds.
     pub(crate) fn store_u64(&self, offset: usize, value: u64) {
-        assert!(
-            offset % 8 == 0 && offset.checked_add(8).is_some_and(|end| end <= self.len()),
-            "unaligned or out of bounds"
-        );
-        // SAFETY: aligned (the base is 64-aligned, the offset 8-aligned) and
-        // in bounds (asserted).
-        unsafe { AtomicU64::from_ptr((self.addr() + offset as u64) as usize as *mut u64) }
-            .store(value, Ordering::Release);
+        self.word(offset).store(value, Ordering::Release);
     }
 
     /// A borrowed view of `len` bytes at `offset`.
