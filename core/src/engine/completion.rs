@@ -1,0 +1,98 @@
+//! Driver completions: polled, matched to what is in flight, and applied
+//! to their endpoints.
+
+use super::*;
+
+impl Engine {
+    pub(super) fn poll_drivers(&mut self) -> usize {
+        let mut work = 0;
+        for d in 0..self.drivers.len() {
+            loop {
+                let n = self.drivers[d].poll(&mut self.scratch);
+                for i in 0..n {
+                    let c = self.scratch[i];
+                    self.on_completion(c);
+                }
+                work += n;
+                if n < self.scratch.len() {
+                    break;
+                }
+            }
+        }
+        work
+    }
+
+    pub(super) fn on_completion(&mut self, c: Completion) {
+        if c.token.0 & FENCE_TOKEN != 0 {
+            let e = (c.token.0 & !FENCE_TOKEN) as usize;
+            let Some(ep) = self.endpoints.get_mut(e).filter(|ep| ep.flushing != 0) else {
+                self.stray_completions += 1;
+                return;
+            };
+            // Only the flushed subset leaves D: `dirty` already holds just
+            // the lanes written since the flush started (R17, W2).
+            let _ = ep;
+            self.fence_flush_done(e, c.result);
+            return;
+        }
+        let id = RequestId(c.token.0 as u32);
+        let live = c.token.0 <= u64::from(u32::MAX)
+            && self
+                .queues
+                .get(id.queue())
+                .and_then(|q| q.pool.get(id.slot()))
+                .is_some_and(|r| r.state() == State::Posted);
+        if !live {
+            self.stray_completions += 1;
+            return;
+        }
+        let e = self.request(id).endpoint as usize;
+        self.endpoints[e].inflight -= 1;
+        self.finish(id, e, c.result);
+    }
+
+    /// Completes a request that finished and applies what its result means
+    /// for its endpoint: a fatal error fails it (R20); a graceful CLOSE's
+    /// final flush closes it, and the close succeeds even if the endpoint
+    /// failed meanwhile (R34, R41).
+    pub(super) fn finish(&mut self, id: RequestId, e: usize, result: Result<u32, Status>) {
+        if self.request(id).opcode() == Opcode::CLOSE {
+            self.close_now(e);
+            return self.complete(id, Ok(0));
+        }
+        self.complete(id, result);
+        if let Err(status) = result {
+            if is_fatal(status) {
+                self.fail_endpoint(e, status);
+            }
+        }
+    }
+
+    /// Fails endpoint `e` with a sticky first error: the fence slot is
+    /// cleared first, then every queued request completes with the error in
+    /// FIFO order (R20, R32, R33). Requests already posted complete through
+    /// the driver.
+    pub(crate) fn fail_endpoint(&mut self, e: usize, status: Status) {
+        let ep = &mut self.endpoints[e];
+        if matches!(ep.state, EpState::Failed | EpState::Closed) {
+            return;
+        }
+        tracing::warn!(endpoint = e, %status, "endpoint failed");
+        let closing = ep.state == EpState::Closing;
+        ep.state = EpState::Failed;
+        ep.set_error(status);
+        ep.flushing = 0;
+        ep.weak_lane = NO_LANE;
+        while let Some(id) = self.pop_head(e) {
+            if self.request(id).opcode() == Opcode::CLOSE {
+                // R34: the close of a failed endpoint succeeds.
+                self.complete(id, Ok(0));
+            } else {
+                self.complete(id, Err(status));
+            }
+        }
+        if closing {
+            self.close_now(e);
+        }
+    }
+}

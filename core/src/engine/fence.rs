@@ -1,0 +1,345 @@
+//! The fence engine proper: epochs, the deferred FIFO, dispatch, and the
+//! boundary actions (FENCE.md §2–§4).
+
+use super::*;
+
+impl Engine {
+    /// Captures the request's epoch (R13) and starts it, or queues it behind
+    /// what is queued or behind an unresolved boundary (R14, R18).
+    pub(super) fn submit(&mut self, id: RequestId) {
+        let request = *self.request(id);
+        let (opcode, e) = (request.opcode(), request.endpoint as usize);
+        match opcode {
+            Opcode::FENCE => return self.fence(id, e, request.subop()),
+            Opcode::CLOSE if request.subop() == ringfence_ring::CloseMode::FORCE.as_raw() => {
+                return self.force_close(id, e);
+            }
+            Opcode::CLOSE if self.endpoints[e].state == EpState::Failed => {
+                // R34: closing a failed endpoint succeeds at once.
+                self.close_now(e);
+                return self.complete(id, Ok(0));
+            }
+            Opcode::CLOSE => self.endpoints[e].state = EpState::Closing,
+            _ => {}
+        }
+        let ep = &mut self.endpoints[e];
+        if opcode == Opcode::NOTIFY {
+            // An implicit strong fence: delivered after everything earlier
+            // is remotely complete (DESIGN.md, Notifications).
+            ep.submit_epoch += 1;
+            ep.strong_armed = true;
+        }
+        let strong = std::mem::take(&mut ep.strong_armed);
+        let epoch = ep.submit_epoch as u32;
+        let queue_empty = ep.head == NONE;
+        let r = self.request_mut(id);
+        r.epoch = epoch;
+        if strong {
+            r.set_strong_boundary();
+        }
+        let mut can_start = queue_empty && self.admitted(id);
+        if queue_empty && !can_start && self.endpoints[e].flushing == 0 {
+            // First in line for a new epoch: take the boundary action now,
+            // from the submitting round (never from a completion, R19).
+            let target = self.endpoints[e].full_epoch(epoch);
+            can_start = self.cross_boundary(e, id, target) && self.admitted(id);
+            if self.endpoints[e].state == EpState::Failed {
+                // The boundary flush failed inside its start and the
+                // endpoint's queue was purged; this request was not in it
+                // yet (R20, R32).
+                let status = self.endpoints[e].error();
+                return self.complete(id, Err(status));
+            }
+        }
+        if can_start {
+            // No boundary lies between C and this request (its epoch is
+            // admitted), so it starts now, in the submitting round.
+            if self.start(id) == Started::Gone {
+                return;
+            }
+            self.push_head(e, id);
+        } else {
+            self.stats.deferrals += 1;
+            self.cold[e].stats.deferrals += 1;
+            self.push_tail(e, id);
+        }
+        self.schedule(e);
+    }
+
+    /// A FENCE bumps W and completes at once (R5): it orders; the boundary
+    /// action happens when the next request needs it (R10, R11). On a failed
+    /// endpoint it is accepted and does nothing (R34).
+    pub(super) fn fence(&mut self, id: RequestId, e: usize, subop: u8) {
+        let mode = FenceMode::try_from(subop).unwrap_or(FenceMode::STRONG);
+        let ep = &mut self.endpoints[e];
+        if ep.state == EpState::Connected {
+            ep.submit_epoch += 1;
+            ep.strong_armed |= mode == FenceMode::STRONG;
+        }
+        tracing::trace!(endpoint = e, ?mode, epoch = ep.submit_epoch, "fence");
+        self.stats.fences += 1;
+        self.cold[e].stats.fences += 1;
+        self.complete(id, Ok(0));
+    }
+
+    pub(super) fn push_tail(&mut self, e: usize, id: RequestId) {
+        self.request_mut(id).next = NONE;
+        let tail = self.endpoints[e].tail;
+        if tail == NONE {
+            self.endpoints[e].head = id.0;
+        } else {
+            self.request_mut(RequestId(tail)).next = id.0;
+        }
+        self.endpoints[e].tail = id.0;
+    }
+
+    pub(super) fn push_head(&mut self, e: usize, id: RequestId) {
+        let head = self.endpoints[e].head;
+        self.request_mut(id).next = head;
+        self.endpoints[e].head = id.0;
+        if head == NONE {
+            self.endpoints[e].tail = id.0;
+        }
+    }
+
+    pub(super) fn pop_head(&mut self, e: usize) -> Option<RequestId> {
+        let head = self.endpoints[e].head;
+        if head == NONE {
+            return None;
+        }
+        let id = RequestId(head);
+        let next = self.request(id).next;
+        self.endpoints[e].head = next;
+        if next == NONE {
+            self.endpoints[e].tail = NONE;
+        }
+        Some(id)
+    }
+
+    pub(super) fn schedule(&mut self, e: usize) {
+        if !self.endpoints[e].scheduled {
+            self.endpoints[e].scheduled = true;
+            self.scheduled.push(e as u32);
+        }
+    }
+
+    pub(super) fn dispatch_scheduled(&mut self) -> usize {
+        if self.scheduled.is_empty() {
+            return 0;
+        }
+        std::mem::swap(&mut self.scheduled, &mut self.scheduled_next);
+        let mut work = 0;
+        for i in 0..self.scheduled_next.len() {
+            let e = self.scheduled_next[i] as usize;
+            self.endpoints[e].scheduled = false;
+            work += self.dispatch(e);
+        }
+        self.scheduled_next.clear();
+        work
+    }
+
+    /// Starts queued requests of endpoint `e` whose epoch is admitted, and
+    /// the boundary flush that admits the next epoch (R19).
+    pub(super) fn dispatch(&mut self, e: usize) -> usize {
+        let mut started = 0;
+        while matches!(
+            self.endpoints[e].state,
+            EpState::Connected | EpState::Closing
+        ) {
+            let head = self.endpoints[e].head;
+            if head == NONE {
+                break;
+            }
+            let epoch = self.request(RequestId(head)).epoch;
+            if self.admitted(RequestId(head)) {
+                if started == DISPATCH_BATCH {
+                    self.schedule(e);
+                    break;
+                }
+                let id = self.pop_head(e).expect("head checked above");
+                started += 1;
+                if self.start(id) == Started::Blocked {
+                    self.push_head(e, id);
+                    self.schedule(e);
+                    break;
+                }
+                continue;
+            }
+            let ep = &self.endpoints[e];
+            if ep.flushing != 0 {
+                break; // R16: its completion reschedules us.
+            }
+            // The exact target epoch: the head's own (R15, R16).
+            let target = ep.full_epoch(epoch);
+            if !self.cross_boundary(e, RequestId(head), target) {
+                break;
+            }
+        }
+        started as usize
+    }
+
+    /// Whether request `id` may start now (R14): its epoch is admitted; or a
+    /// weak fence admitted its epoch on its lane (R8); or it is a FLUSH or a
+    /// graceful CLOSE, which order nothing at the target and cover whatever
+    /// was started before them (R21, R23, R41).
+    pub(super) fn admitted(&self, id: RequestId) -> bool {
+        let request = self.request(id);
+        let ep = &self.endpoints[request.endpoint as usize];
+        if epoch_le(request.epoch, ep.admitted_epoch as u32) {
+            return true;
+        }
+        if matches!(request.opcode(), Opcode::FLUSH | Opcode::CLOSE) {
+            return true;
+        }
+        match ep.weak() {
+            Some((lane, epoch)) => epoch == request.epoch && self.lane_of(request) == Some(lane),
+            None => false,
+        }
+    }
+
+    /// C moves to `target`; a weak admission at or below it is used up.
+    pub(super) fn admit(&mut self, e: usize, target: u64) {
+        let ep = &mut self.endpoints[e];
+        ep.admitted_epoch = target;
+        if ep
+            .weak()
+            .is_some_and(|(_, epoch)| epoch_le(epoch, target as u32))
+        {
+            ep.weak_lane = NO_LANE;
+        }
+    }
+
+    /// The lane request `head` will use, if it is a lane operation.
+    pub(super) fn lane_of(&self, head: &Request) -> Option<u8> {
+        let ep = &self.endpoints[head.endpoint as usize];
+        match head.opcode() {
+            Opcode::PUT | Opcode::GET => {
+                Some(ep.peek_data_lane(head.len, self.config.bw_threshold))
+            }
+            Opcode::ATOMIC => Some(ep.atomic_lane()),
+            Opcode::NOTIFY => Some(0),
+            _ => None,
+        }
+    }
+
+    /// Moves C to `target` for the queue head `head` (R15): at once if no
+    /// lane is dirty (R10), by a weak fence if one ordered lane suffices
+    /// (R8), else by a strong flush (R9). Returns whether C moved now.
+    pub(super) fn cross_boundary(&mut self, e: usize, head: RequestId, target: u64) -> bool {
+        let request = *self.request(head);
+        let ep = &self.endpoints[e];
+        if ep.dirty == 0 {
+            self.admit(e, target);
+            return true;
+        }
+        let lanes = ep.dirty | self.lane_of(&request).map_or(0, |l| 1 << l);
+        let driver = &self.drivers[ep.driver as usize];
+        let driver_ep = crate::driver::DriverEp(ep.driver_ep);
+        let weak = !request.strong_boundary()
+            && lanes.count_ones() == 1
+            && driver.lane_ordered(driver_ep, lanes.trailing_zeros() as u8)
+            && self.normalize(e, ep.dirty) == ep.dirty;
+        if weak {
+            // C stays: the epoch is admitted on this one lane only. A later
+            // request of the same epoch on another lane needs the flush
+            // after all (R8: the condition holds per operation).
+            let lane = lanes.trailing_zeros() as u8;
+            let ep = &mut self.endpoints[e];
+            ep.weak_lane = lane | WEAK_FLAG_OWED;
+            ep.weak_epoch = target as u32;
+            self.stats.weak_fences += 1;
+            self.cold[e].stats.weak_fences += 1;
+            tracing::trace!(endpoint = e, lane, target, "weak fence");
+            return true;
+        }
+        self.start_fence_flush(e, target)
+    }
+
+    /// The lanes a flush must cover, from the dirty set `dirty`: all live
+    /// lanes if any dirty lane was replaced since it was written (R38).
+    pub(super) fn normalize(&self, e: usize, dirty: LaneMask) -> LaneMask {
+        let ep = &self.endpoints[e];
+        let driver = &self.drivers[ep.driver as usize];
+        let driver_ep = crate::driver::DriverEp(ep.driver_ep);
+        let replaced = (0..ep.lanes).any(|lane| {
+            dirty & (1 << lane) != 0
+                && driver.lane_generation(driver_ep, lane)
+                    != self.cold[e].dirty_generation[lane as usize]
+        });
+        if replaced { ep.all_lanes() } else { dirty }
+    }
+
+    /// Starts the strong flush of exactly the dirty lanes (R9, R17) that
+    /// moves C to `target` when it completes (R15c). Returns whether C moved
+    /// now (the driver finished the flush inside the call).
+    pub(super) fn start_fence_flush(&mut self, e: usize, target: u64) -> bool {
+        let mask = self.normalize(e, self.endpoints[e].dirty);
+        let ep = &mut self.endpoints[e];
+        let (driver, driver_ep) = (ep.driver as usize, crate::driver::DriverEp(ep.driver_ep));
+        ep.flushing = mask;
+        ep.dirty = 0;
+        // The slot is owned before the driver is called: a flush that
+        // finishes inside the call cannot find it empty (R25, W1).
+        ep.fence_target = target as u32;
+        let lanes = ep.lanes;
+        for lane in 0..lanes {
+            if mask & (1 << lane) != 0 {
+                self.cold[e].flush_generation[lane as usize] =
+                    self.drivers[driver].lane_generation(driver_ep, lane);
+            }
+        }
+        self.stats.flushes += 1;
+        self.cold[e].stats.flushes += 1;
+        tracing::trace!(endpoint = e, lanes = mask, target, "fence flush");
+        match self.drivers[driver].flush(driver_ep, mask, Token(FENCE_TOKEN | e as u64)) {
+            Posted::InFlight => false,
+            Posted::Done(result) => {
+                self.fence_flush_done(e, result);
+                self.endpoints[e].admitted_epoch == target
+            }
+            Posted::NoResource => {
+                let ep = &mut self.endpoints[e];
+                ep.dirty |= mask;
+                ep.flushing = 0;
+                self.schedule(e);
+                false
+            }
+        }
+    }
+
+    /// The fence flush of endpoint `e` finished (inside its start or from
+    /// `poll`). The slot is cleared first (R33); on success C moves to the
+    /// recorded target unless a flushed lane was replaced meanwhile, in
+    /// which case every lane is flushed again before C moves (R39).
+    /// Dispatch is scheduled, never run from here (R20, W1).
+    pub(super) fn fence_flush_done(&mut self, e: usize, result: Result<u32, Status>) {
+        let ep = &mut self.endpoints[e];
+        let (target, flushed) = (ep.full_epoch(ep.fence_target), ep.flushing);
+        ep.flushing = 0;
+        if let Err(status) = result {
+            return self.fail_endpoint(e, status);
+        }
+        let ep = &self.endpoints[e];
+        let driver = &self.drivers[ep.driver as usize];
+        let driver_ep = crate::driver::DriverEp(ep.driver_ep);
+        let replaced = (0..ep.lanes).any(|lane| {
+            flushed & (1 << lane) != 0
+                && driver.lane_generation(driver_ep, lane)
+                    != self.cold[e].flush_generation[lane as usize]
+        });
+        let ep = &mut self.endpoints[e];
+        if replaced {
+            tracing::debug!(
+                endpoint = e,
+                "lane replaced during a fence flush; flushing every lane again"
+            );
+            ep.dirty |= ep.all_lanes();
+            // Mark every lane as replaced so the next flush is normalized.
+            self.cold[e].dirty_generation.fill(u32::MAX);
+        } else {
+            self.admit(e, target);
+            tracing::trace!(endpoint = e, epoch = target, "fence flush done");
+        }
+        self.schedule(e);
+    }
+}

@@ -1,0 +1,263 @@
+//! The engine: everything the progress loop owns, and one bounded round of
+//! it ([`Engine::progress`]).
+//!
+//! A round: move overflowed CQEs into their CQ; take SQEs (at most a batch
+//! per queue pair, never more than free requests, none while that queue pair
+//! has overflowed CQEs); validate each and hand it to its endpoint, which
+//! starts it or queues it (FENCE.md R14, R18); dispatch a bounded batch from
+//! each endpoint that has queued work (R19); poll the drivers and complete
+//! what finished; dispatch again what those completions admitted; post
+//! incoming notifications; publish CQEs and ring CQ doorbells of
+//! applications that sleep.
+//!
+//! # The direct path
+//! Most operations need nothing from the fence engine: a PUT or GET on an
+//! endpoint with nothing queued and no boundary pending (W = C) may start at
+//! once (R14, R18). Those start straight from the SQE, without a request
+//! slot, which they take only if the driver keeps them in flight; and a run
+//! of them to one endpoint through the same keys goes to the driver in one
+//! `Driver::execute` call when the driver finishes operations inside the
+//! call (shm, loopback). Anything the driver does not run, and every other
+//! SQE, takes the general path below, in order, so the rules and the
+//! exactly-once guarantee are the same on both.
+//!
+//! Nothing here re-enters: a driver never calls the engine, a completion
+//! only records its effect and schedules the endpoint, and dispatch runs
+//! from the round, never from inside a completion (R25, R49, W1).
+//!
+//! # The fence engine (FENCE.md)
+//!
+//! Per endpoint: W (`submit_epoch`) counts fences; every request captures W
+//! at submission (R12, R13); C (`admitted_epoch`) is the epoch admitted so
+//! far. A request starts only when its epoch is ≤ C and nothing is queued
+//! ahead of it (R14, R18). When the head of the queue needs a later epoch,
+//! one boundary action admits it (R15, R16), whatever number of fences lie
+//! between (R11):
+//! - nothing dirty: C moves at once, no driver call, no CQE (R10);
+//! - no strong fence in between, and the dirty lanes plus the head's lane
+//!   are one ordered lane: a weak fence, the transport fence flag on the
+//!   head's post (R8);
+//! - otherwise a strong fence: one flush of exactly the dirty lanes (R9,
+//!   R17, R24), at most one per endpoint (R16), whose slot is owned before
+//!   the driver is called (R25, W1). Its completion moves C to the exact
+//!   target recorded at its start (R15c), clears only what was flushed (R17,
+//!   W2), and schedules dispatch; it never dispatches itself (R19, R20, W1).
+//!
+//! A FENCE completes at once: it orders, it does not complete anything (R5).
+//! Lanes carry generations: a lane replaced while dirty widens the next
+//! flush to every lane (R38), and a flush during which a flushed lane was
+//! replaced is repeated before C moves (R39).
+
+use crate::config::Config;
+use crate::driver::{
+    Completion, Driver, DriverContext, DriverMemKey, DriverRkey, LaneMask, Op, OpKind, Posted,
+    Token,
+};
+use crate::endpoint::{Endpoint, EndpointCold, EpState, NO_LANE, WEAK_FLAG_OWED};
+use crate::memory::{MemRegistry, RkeyTable, within};
+use crate::request::{NONE, Pool, Request, RequestId, State};
+use crate::stats::Stats;
+use crate::sys::notify::{Delivery, NotifyPool};
+use ringfence_ring::{
+    AtomicOp, CQE_BUFFER_SHIFT, Consumer, Cqe, CqeFlags, Doorbell, FenceMode, Opcode, Producer,
+    RingError, Sqe, SqeFlags, Status,
+};
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+/// SQEs taken from one queue pair per round.
+const INTAKE_BATCH: usize = 64;
+/// Requests started from one endpoint's queue per round (R19).
+const DISPATCH_BATCH: u32 = 16;
+/// Driver completions handled per poll call.
+const POLL_BATCH: usize = 64;
+/// Largest NOTIFY payload.
+pub(crate) const MAX_NOTIFY_LEN: u32 = 1 << 16;
+/// Token bit marking a fence flush (the rest is the endpoint index).
+const FENCE_TOKEN: u64 = 1 << 63;
+
+mod completion;
+mod direct;
+mod fence;
+mod intake;
+mod post;
+mod queue;
+mod teardown;
+
+use direct::{OpKeys, Resolved, is_rma};
+use intake::rma_shape;
+pub(crate) use queue::EngineQueue;
+
+/// Whether an error fails the whole endpoint (the connection is unusable)
+/// rather than only the operation (the target refused this access).
+pub(super) fn is_fatal(status: Status) -> bool {
+    matches!(
+        status,
+        Status::Transport
+            | Status::PeerUnreachable
+            | Status::Timeout
+            | Status::EndpointClosed
+            | Status::Canceled
+    )
+}
+
+/// `a ≤ b` for 32-bit epoch snapshots (wrapping).
+pub(super) fn epoch_le(a: u32, b: u32) -> bool {
+    b.wrapping_sub(a) as i32 >= 0
+}
+
+/// What starting a request did.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Started {
+    /// Posted, completed, or failed: it is no longer the endpoint's concern.
+    Gone,
+    /// The driver had no room: it goes back to the head of its queue.
+    Blocked,
+}
+
+/// Everything the progress loop owns.
+#[derive(Debug)]
+pub(crate) struct Engine {
+    pub(crate) config: Config,
+    pub(crate) drivers: Vec<Box<dyn Driver>>,
+    /// Each driver's capabilities, read once: validation consults them for
+    /// every SQE.
+    capabilities: Vec<crate::driver::Capabilities>,
+    pub(crate) queues: Vec<EngineQueue>,
+    pub(crate) endpoints: Vec<Endpoint>,
+    pub(crate) cold: Vec<EndpointCold>,
+    pub(crate) mem: MemRegistry,
+    pub(crate) rkeys: RkeyTable,
+    pub(crate) notify: Arc<NotifyPool>,
+    /// The queue pair that receives notifications (the first one created).
+    notify_queue: Option<usize>,
+    scheduled: Vec<u32>,
+    scheduled_next: Vec<u32>,
+    scratch: Box<[Completion]>,
+    /// SQEs copied out of an SQ, one intake batch.
+    sqe_scratch: Box<[Sqe]>,
+    /// The direct path's lookups, valid until a registration is removed.
+    resolved: Resolved,
+    /// A run's operations for `Driver::execute`, and their results (both
+    /// allocated once, for a whole intake batch).
+    run_ops: Vec<Op>,
+    run_results: Box<[Result<u32, Status>]>,
+    pub(crate) stats: Stats,
+    /// Completions whose token matched nothing in flight (a driver bug).
+    pub(crate) stray_completions: u64,
+    pub(crate) shut_down: bool,
+}
+
+impl Engine {
+    pub(crate) fn new(
+        config: Config,
+        mut drivers: Vec<Box<dyn Driver>>,
+        notify: Arc<NotifyPool>,
+    ) -> Engine {
+        for d in &mut drivers {
+            d.attach(DriverContext {
+                notify: notify.clone(),
+            });
+        }
+        let capabilities = drivers.iter().map(|d| d.capabilities()).collect();
+        Engine {
+            config,
+            drivers,
+            capabilities,
+            queues: Vec::new(),
+            endpoints: Vec::new(),
+            cold: Vec::new(),
+            mem: MemRegistry::default(),
+            rkeys: RkeyTable::default(),
+            notify,
+            notify_queue: None,
+            scheduled: Vec::new(),
+            scheduled_next: Vec::new(),
+            scratch: vec![Completion::default(); POLL_BATCH].into_boxed_slice(),
+            sqe_scratch: vec![Sqe::default(); INTAKE_BATCH].into_boxed_slice(),
+            resolved: Resolved::NONE,
+            run_ops: Vec::with_capacity(INTAKE_BATCH),
+            run_results: vec![Ok(0); INTAKE_BATCH].into_boxed_slice(),
+            stats: Stats::default(),
+            stray_completions: 0,
+            shut_down: false,
+        }
+    }
+
+    pub(crate) fn add_queue(&mut self, queue: EngineQueue) -> usize {
+        self.queues.push(queue);
+        let index = self.queues.len() - 1;
+        self.notify_queue.get_or_insert(index);
+        index
+    }
+
+    pub(crate) fn add_endpoint(&mut self, ep: Endpoint) -> u32 {
+        self.cold.push(EndpointCold::new(ep.lanes));
+        self.endpoints.push(ep);
+        self.scheduled.reserve(1);
+        self.scheduled_next.reserve(1);
+        self.endpoints.len() as u32 - 1
+    }
+
+    pub(super) fn request(&self, id: RequestId) -> &Request {
+        self.queues[id.queue()]
+            .pool
+            .get(id.slot())
+            .expect("request ids name live slots")
+    }
+
+    pub(super) fn request_mut(&mut self, id: RequestId) -> &mut Request {
+        self.queues[id.queue()]
+            .pool
+            .get_mut(id.slot())
+            .expect("request ids name live slots")
+    }
+
+    /// One bounded round. Returns how much work it did (0: idle).
+    pub(crate) fn progress(&mut self) -> usize {
+        let mut work = 0;
+        for q in &mut self.queues {
+            work += q.flush_overflow();
+        }
+        for qi in 0..self.queues.len() {
+            work += self.intake(qi);
+        }
+        work += self.dispatch_scheduled();
+        work += self.poll_drivers();
+        // Requests a completion just admitted start in this round, not the
+        // next: a second, separate pass (never from inside the completion).
+        work += self.dispatch_scheduled();
+        work += self.post_notifications();
+        for q in &mut self.queues {
+            q.publish();
+        }
+        work
+    }
+
+    /// Whether nothing is in flight or waiting: the core thread may sleep.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.queues
+            .iter()
+            .all(|q| q.pool.in_use() == 0 && q.overflow.is_empty())
+    }
+
+    /// Sets NEED_WAKEUP on every SQ; returns whether all are still empty.
+    pub(crate) fn prepare_sleep(&mut self) -> bool {
+        let mut empty = true;
+        for q in &mut self.queues {
+            if !q.broken && !matches!(q.sq.prepare_wait(), Ok(true)) {
+                empty = false;
+            }
+        }
+        if !empty {
+            self.finish_sleep();
+        }
+        empty
+    }
+
+    pub(crate) fn finish_sleep(&mut self) {
+        for q in &mut self.queues {
+            q.sq.finish_wait();
+        }
+    }
+}

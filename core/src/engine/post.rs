@@ -1,0 +1,124 @@
+//! Starting admitted requests on their drivers.
+
+use super::*;
+
+impl Engine {
+    /// Starts an admitted request.
+    pub(super) fn start(&mut self, id: RequestId) -> Started {
+        let request = *self.request(id);
+        let e = request.endpoint as usize;
+        let ep = &mut self.endpoints[e];
+        let (driver, driver_ep) = (ep.driver as usize, crate::driver::DriverEp(ep.driver_ep));
+        let posted = match request.opcode() {
+            Opcode::FENCE => {
+                // The boundary has been crossed: the fence is done.
+                self.complete(id, Ok(0));
+                return Started::Gone;
+            }
+            Opcode::FLUSH | Opcode::CLOSE => {
+                // Everything submitted before this flush has been started
+                // (FIFO); the lanes it wrote are dirty or being flushed
+                // (R21, R23). A graceful CLOSE ends with the same flush (R41).
+                let mask = ep.dirty | ep.flushing;
+                if mask == 0 {
+                    if request.opcode() == Opcode::CLOSE {
+                        self.close_now(e);
+                    }
+                    self.complete(id, Ok(0));
+                    return Started::Gone;
+                }
+                let mask = self.normalize(e, mask);
+                self.stats.flushes += 1;
+                self.cold[e].stats.flushes += 1;
+                self.drivers[driver].flush(driver_ep, mask, Token(u64::from(id.0)))
+            }
+            _ => {
+                let mut op = self.lane_op(&request);
+                let posted = self.post_lane_op(e, &mut op, id);
+                if op.fence && matches!(posted, Posted::NoResource) {
+                    // Nothing was posted: the fence flag is still owed (R19).
+                    self.endpoints[e].weak_lane |= WEAK_FLAG_OWED;
+                }
+                posted
+            }
+        };
+        match posted {
+            Posted::InFlight => {
+                self.request_mut(id).set_state(State::Posted);
+                self.endpoints[e].inflight += 1;
+                Started::Gone
+            }
+            Posted::Done(result) => {
+                self.finish(id, e, result);
+                Started::Gone
+            }
+            Posted::NoResource => Started::Blocked,
+        }
+    }
+
+    /// The operation a queued PUT, GET, ATOMIC or NOTIFY request asks for,
+    /// with its driver's keys looked up again as it starts (its
+    /// registration is held; remote keys live as long as the worker).
+    pub(super) fn lane_op(&self, request: &Request) -> Op {
+        let driver = self.endpoints[request.endpoint as usize].driver as usize;
+        let local_key = if request.holds_mem() {
+            self.mem.get(request.local_mem).map(|r| r.keys[driver])
+        } else {
+            None
+        };
+        let kind = match request.opcode() {
+            Opcode::PUT => OpKind::Put,
+            Opcode::GET => OpKind::Get,
+            Opcode::ATOMIC => {
+                OpKind::Atomic(AtomicOp::try_from(request.subop()).unwrap_or(AtomicOp::CSWAP))
+            }
+            _ => OpKind::Notify,
+        };
+        let remote = if kind == OpKind::Notify {
+            None
+        } else {
+            self.rkeys
+                .get(request.rkey, u32::from(request.endpoint))
+                .map(|k| (k.driver, request.remote_addr))
+        };
+        Op {
+            kind,
+            lane: 0,
+            local_addr: request.local_addr,
+            local_key,
+            remote,
+            len: request.len,
+            operand: request.operand,
+            operand2: request.operand2,
+            fence: false,
+        }
+    }
+
+    /// Hands `op` to endpoint `e`'s driver on the lane its kind and size
+    /// call for, marking the lane dirty first (R14) and carrying a weak
+    /// fence's owed transport fence flag (R8), which `op.fence` then shows.
+    /// Returns what the driver said.
+    #[inline]
+    pub(super) fn post_lane_op(&mut self, e: usize, op: &mut Op, id: RequestId) -> Posted {
+        let ep = &mut self.endpoints[e];
+        let (driver, driver_ep) = (ep.driver as usize, crate::driver::DriverEp(ep.driver_ep));
+        let lane = match op.kind {
+            OpKind::Put | OpKind::Get => ep.data_lane(op.len, self.config.bw_threshold),
+            OpKind::Atomic(_) => ep.atomic_lane(),
+            OpKind::Notify => 0,
+        };
+        // Dirty before posting (R14), with the lane's generation (R38).
+        if ep.dirty & (1 << lane) == 0 {
+            ep.dirty |= 1 << lane;
+            self.cold[e].dirty_generation[lane as usize] =
+                self.drivers[driver].lane_generation(driver_ep, lane);
+        }
+        let ep = &mut self.endpoints[e];
+        op.lane = lane;
+        op.fence = ep.weak_lane == lane | WEAK_FLAG_OWED;
+        if op.fence {
+            ep.weak_lane = lane;
+        }
+        self.drivers[driver].post(driver_ep, op, Token(u64::from(id.0)))
+    }
+}

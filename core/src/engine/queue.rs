@@ -1,0 +1,205 @@
+//! The completion side of a queue pair: CQEs posted in order, the overflow
+//! list, the CQ doorbell; and the single place a request ends.
+
+use super::*;
+
+/// The engine's side of one queue pair.
+#[derive(Debug)]
+pub(crate) struct EngineQueue {
+    pub(super) sq: Consumer<Sqe>,
+    pub(super) cq: Producer<Cqe>,
+    pub(super) pool: Pool,
+    /// CQEs that found the CQ full, oldest first. Its capacity covers the
+    /// most that can wait here (see `new`), so it never grows.
+    pub(super) overflow: VecDeque<Cqe>,
+    pub(super) cq_bell: Option<Arc<Doorbell>>,
+    /// CQEs pushed this round, to publish.
+    pub(super) pushed: bool,
+    /// The SQ's shared indices were found corrupt: nothing more is taken.
+    pub(super) broken: bool,
+}
+
+impl EngineQueue {
+    pub(crate) fn new(
+        sq: Consumer<Sqe>,
+        cq: Producer<Cqe>,
+        requests: u32,
+        notify_buffers: u32,
+        cq_bell: Option<Arc<Doorbell>>,
+    ) -> EngineQueue {
+        EngineQueue {
+            sq,
+            cq,
+            pool: Pool::new(requests),
+            // Bound: one CQE per request, per notification buffer, and per
+            // SQE of the intake batch that overflowed (NOPs and invalid SQEs
+            // complete without a request).
+            overflow: VecDeque::with_capacity(
+                requests as usize + notify_buffers as usize + INTAKE_BATCH,
+            ),
+            cq_bell,
+            pushed: false,
+            broken: false,
+        }
+    }
+
+    /// Posts one CQE, or keeps it in order in the overflow list.
+    pub(super) fn post(&mut self, cqe: Cqe, stats: &mut Stats) {
+        if self.overflow.is_empty() {
+            match self.cq.push(cqe) {
+                Ok(()) => {
+                    self.pushed = true;
+                    return;
+                }
+                Err(RingError::Full) => {}
+                Err(RingError::Corrupt(c)) => {
+                    tracing::error!(%c, "CQ indices corrupt; completions kept in the overflow list");
+                }
+            }
+            self.cq.set_overflow(true);
+        }
+        stats.cq_overflows += 1;
+        self.overflow.push_back(cqe);
+    }
+
+    /// Posts the CQE of an operation that finished with `result` (bytes or
+    /// a status), unless it succeeded and asked to skip its CQE.
+    #[inline]
+    pub(super) fn finish(
+        &mut self,
+        user_data: u64,
+        result: Result<u32, Status>,
+        skip_success: bool,
+        stats: &mut Stats,
+    ) {
+        let res = match result {
+            Ok(_) if skip_success => return,
+            Ok(n) => n.min(i32::MAX as u32) as i32,
+            Err(status) => status.as_raw(),
+        };
+        self.post(Cqe::new(user_data, res, 0), stats);
+    }
+
+    /// Moves overflowed CQEs into the CQ while it has room.
+    pub(crate) fn flush_overflow(&mut self) -> usize {
+        let mut moved = 0;
+        while let Some(&cqe) = self.overflow.front() {
+            if self.cq.push(cqe).is_err() {
+                break;
+            }
+            self.overflow.pop_front();
+            moved += 1;
+        }
+        if moved > 0 {
+            self.pushed = true;
+            if self.overflow.is_empty() {
+                self.cq.set_overflow(false);
+            }
+        }
+        moved
+    }
+
+    /// Publishes this round's CQEs; rings the doorbell of a sleeping reaper.
+    pub(crate) fn publish(&mut self) {
+        if self.pushed {
+            self.pushed = false;
+            self.cq.submit();
+            if let Some(bell) = &self.cq_bell {
+                if self.cq.needs_wakeup() {
+                    if let Err(e) = bell.ring() {
+                        tracing::error!(error = %e, "CQ doorbell failed");
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl EngineQueue {
+    pub(super) fn pool_len(&self) -> usize {
+        self.pool.available() as usize + self.pool.in_use() as usize
+    }
+}
+
+impl Engine {
+    /// Completes an SQE that never became a request.
+    pub(super) fn complete_now(
+        &mut self,
+        qi: usize,
+        user_data: u64,
+        result: Result<u32, Status>,
+        skip_success: bool,
+    ) {
+        self.stats.ops += 1;
+        self.stats.errors += u64::from(result.is_err());
+        self.queues[qi].finish(user_data, result, skip_success, &mut self.stats);
+    }
+
+    /// The single place a request ends: releases what it held, counts it,
+    /// posts its CQE (unless it asked to skip a success), frees its slot.
+    pub(super) fn complete(&mut self, id: RequestId, result: Result<u32, Status>) {
+        let request = *self.request(id);
+        if request.holds_mem() {
+            if let Some(r) = self.mem.get_mut(request.local_mem) {
+                r.inflight -= 1;
+            }
+        }
+        let opcode = request.opcode();
+        let bytes = match (opcode, result) {
+            (Opcode::PUT | Opcode::GET | Opcode::ATOMIC | Opcode::NOTIFY, Ok(n)) => n,
+            _ => 0,
+        };
+        let error = u64::from(result.is_err());
+        if opcode == Opcode::NOP {
+            self.stats.ops += 1;
+            self.stats.errors += error;
+        } else {
+            self.count(request.endpoint as usize, 1, u64::from(bytes), error);
+        }
+        let q = &mut self.queues[id.queue()];
+        q.finish(
+            request.user_data,
+            result,
+            request.skip_success(),
+            &mut self.stats,
+        );
+        q.pool.free(id.slot() as u32);
+    }
+
+    /// Counts `ops` finished operations of endpoint `e` (`bytes` moved,
+    /// `errors` failed), in the worker's counters and the endpoint's.
+    #[inline]
+    pub(super) fn count(&mut self, e: usize, ops: u64, bytes: u64, errors: u64) {
+        let add = |stats: &mut Stats| {
+            stats.ops += ops;
+            stats.bytes += bytes;
+            stats.errors += errors;
+        };
+        add(&mut self.stats);
+        if let Some(cold) = self.cold.get_mut(e) {
+            add(&mut cold.stats);
+        }
+    }
+
+    pub(super) fn post_notifications(&mut self) -> usize {
+        let Some(qi) = self.notify_queue else {
+            return 0;
+        };
+        let q = &mut self.queues[qi];
+        if !q.overflow.is_empty() {
+            return 0;
+        }
+        let mut posted = 0;
+        self.notify.drain(|d: Delivery| {
+            let flags = CqeFlags::NOTIFICATION.bits() | u32::from(d.buffer) << CQE_BUFFER_SHIFT;
+            let ok = q.cq.push(Cqe::new(d.tag, d.len as i32, flags)).is_ok();
+            posted += usize::from(ok);
+            ok
+        });
+        if posted > 0 {
+            q.pushed = true;
+            self.stats.notifications += posted as u64;
+        }
+        posted
+    }
+}

@@ -1,0 +1,86 @@
+//! Closing endpoints and tearing the engine down (FENCE.md §8).
+
+use super::*;
+
+impl Engine {
+    /// R42: a forced close cancels the queue and the in-flight fence at
+    /// once, and releases the connection; requests already posted come back
+    /// through the driver.
+    pub(super) fn force_close(&mut self, id: RequestId, e: usize) {
+        self.fail_endpoint(e, Status::Canceled);
+        self.close_now(e);
+        self.complete(id, Ok(0));
+    }
+
+    /// Releases the connection and marks the endpoint closed.
+    pub(super) fn close_now(&mut self, e: usize) {
+        let ep = &mut self.endpoints[e];
+        if ep.state == EpState::Closed {
+            return;
+        }
+        ep.state = EpState::Closed;
+        ep.set_error(Status::EndpointClosed);
+        ep.flushing = 0;
+        ep.weak_lane = NO_LANE;
+        let (driver, driver_ep) = (ep.driver as usize, crate::driver::DriverEp(ep.driver_ep));
+        self.drivers[driver].disconnect(driver_ep);
+        tracing::debug!(endpoint = e, "endpoint closed");
+    }
+
+    /// Completes everything with CANCELED (R44): queued requests, posted
+    /// ones (after the drivers give them back), and SQEs not yet taken.
+    pub(crate) fn shutdown(&mut self) {
+        if self.shut_down {
+            return;
+        }
+        self.shut_down = true;
+        for e in 0..self.endpoints.len() {
+            if self.endpoints[e].state == EpState::Closed {
+                continue;
+            }
+            self.fail_endpoint(e, Status::Canceled);
+            self.close_now(e);
+        }
+        // Disconnected drivers hand back what they held; a driver that
+        // keeps something anyway gets it canceled below.
+        for _ in 0..1000 {
+            if self.endpoints.iter().all(|ep| ep.inflight == 0) {
+                break;
+            }
+            self.poll_drivers();
+        }
+        for qi in 0..self.queues.len() {
+            let q = &self.queues[qi];
+            let posted: Vec<u32> = (0..q.pool_len())
+                .filter(|&s| q.pool.get(s).is_some_and(|r| r.state() == State::Posted))
+                .map(|s| s as u32)
+                .collect();
+            for slot in posted {
+                let id = RequestId::new(qi as u32, slot);
+                let e = self.request(id).endpoint as usize;
+                self.endpoints[e].inflight -= 1;
+                tracing::error!(
+                    endpoint = e,
+                    "driver kept a request past disconnect; canceled"
+                );
+                self.complete(id, Err(Status::Canceled));
+            }
+        }
+        // SQEs still in the rings.
+        for qi in 0..self.queues.len() {
+            self.cancel_intake(qi);
+        }
+        // The drivers go now: no peer may reach this worker's memory again.
+        self.drivers.clear();
+    }
+
+    /// After shutdown: completes whatever is in queue pair `qi`'s SQ with
+    /// CANCELED and publishes.
+    pub(crate) fn cancel_intake(&mut self, qi: usize) {
+        // Intake stops while CQEs wait in the overflow list; keep moving
+        // them into the CQ until neither side moves (the CQ is full, or
+        // everything is done). The application's next reap calls again.
+        while self.queues[qi].flush_overflow() + self.intake(qi) > 0 {}
+        self.queues[qi].publish();
+    }
+}

@@ -1,0 +1,120 @@
+//! Building a worker: its configuration and drivers.
+
+use super::*;
+
+/// Builds a [`Worker`].
+///
+/// Setters take `&mut self` and return `&mut Self`; [`build`](Self::build)
+/// applies the `RINGFENCE_*` environment overrides (see [`Config`]) on top.
+#[derive(Debug, Default)]
+pub struct WorkerBuilder {
+    pub(super) config: Config,
+    pub(super) drivers: Vec<Box<dyn Driver>>,
+    pub(super) ignore_env: bool,
+}
+
+impl WorkerBuilder {
+    /// Adds a driver; earlier drivers are preferred when connecting.
+    pub fn driver(&mut self, driver: impl Driver) -> &mut Self {
+        self.drivers.push(Box::new(driver));
+        self
+    }
+
+    /// SQ and CQ entries of each queue pair.
+    pub fn ring_entries(&mut self, sq: u32, cq: u32) -> &mut Self {
+        self.config.sq_entries = sq;
+        self.config.cq_entries = cq;
+        self
+    }
+
+    /// Requests in flight per queue pair.
+    pub fn requests(&mut self, requests: u32) -> &mut Self {
+        self.config.requests = requests;
+        self
+    }
+
+    /// Lanes per endpoint (capped by the driver).
+    pub fn lanes(&mut self, lanes: u8) -> &mut Self {
+        self.config.lanes = lanes;
+        self
+    }
+
+    /// Notification buffers: `count` of `size` bytes.
+    pub fn notify_buffers(&mut self, count: u32, size: u32) -> &mut Self {
+        self.config.notify_buffers = count;
+        self.config.notify_size = size;
+        self
+    }
+
+    /// PUT/GET size from which bandwidth lanes are used.
+    pub fn bw_threshold(&mut self, bytes: u32) -> &mut Self {
+        self.config.bw_threshold = bytes;
+        self
+    }
+
+    /// Ignores `RINGFENCE_*` variables (tests that must not be steered by
+    /// the environment).
+    pub fn ignore_env(&mut self) -> &mut Self {
+        self.ignore_env = true;
+        self
+    }
+
+    /// Builds the worker; the drivers move into it.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a malformed environment variable,
+    /// [`Error::InvalidConfig`] for a bad builder value, [`Error::Drivers`]
+    /// if no driver is left or `RINGFENCE_DRIVERS` names one not provided.
+    pub fn build(&mut self) -> Result<Worker, Error> {
+        let mut config = self.config.clone();
+        if !self.ignore_env {
+            config.apply_env(|var| std::env::var(var).ok())?;
+        }
+        config.validate()?;
+        let mut drivers = std::mem::take(&mut self.drivers);
+        if let Some(names) = &config.drivers {
+            let mut chosen = Vec::new();
+            for name in names {
+                let i = drivers
+                    .iter()
+                    .position(|d| d.name() == name)
+                    .ok_or_else(|| {
+                        let known: Vec<&str> = drivers.iter().map(|d| d.name()).collect();
+                        Error::Drivers(format!(
+                            "RINGFENCE_DRIVERS names {name:?}; this program provides {known:?}"
+                        ))
+                    })?;
+                chosen.push(drivers.remove(i));
+            }
+            drivers = chosen;
+        }
+        if drivers.is_empty() {
+            return Err(Error::Drivers("a worker needs at least one driver".into()));
+        }
+        if drivers.len() > usize::from(u8::MAX) {
+            return Err(Error::Drivers("at most 255 drivers".into()));
+        }
+        let notify = Arc::new(
+            NotifyPool::new(config.notify_buffers, config.notify_size)
+                .map_err(Error::status_of("notification buffers"))?,
+        );
+        let sq_bell = Arc::new(Doorbell::new().map_err(|source| Error::Os {
+            op: "eventfd",
+            source,
+        })?);
+        notify.set_waker(sq_bell.clone());
+        let engine = Engine::new(config, drivers, notify.clone());
+        let address = encode_address(&engine.drivers);
+        tracing::debug!(drivers = ?engine.drivers.iter().map(|d| d.name()).collect::<Vec<_>>(), "worker built");
+        Ok(Worker {
+            shared: Arc::new(Shared {
+                engine: Mutex::new(engine),
+                sq_bell,
+                notify,
+                shut_down: AtomicBool::new(false),
+            }),
+            core: None,
+            address,
+        })
+    }
+}

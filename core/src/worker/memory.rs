@@ -1,0 +1,211 @@
+//! Registering memory and exchanging remote keys.
+
+use super::*;
+
+impl Worker {
+    pub(super) fn register_desc(
+        &self,
+        addr: u64,
+        len: u64,
+        kind: MemKind,
+        owned: Option<Arc<OwnedMem>>,
+    ) -> Result<MemHandle, Error> {
+        if len == 0 || addr.checked_add(len).is_none() {
+            return Err(Error::Status {
+                op: "register",
+                status: Status::InvalidLength,
+            });
+        }
+        let secret = getrandom::u64().map_err(|e| Error::Os {
+            op: "getrandom",
+            source: std::io::Error::other(e.to_string()),
+        })?;
+        let desc = MemDesc {
+            addr,
+            len,
+            kind,
+            secret,
+        };
+        let mut engine = self.shared.engine();
+        let mut keys = Vec::with_capacity(engine.drivers.len());
+        for d in 0..engine.drivers.len() {
+            let name = engine.drivers[d].name();
+            match engine.drivers[d].register(&desc) {
+                Ok(key) => keys.push(key),
+                Err(source) => {
+                    for (i, key) in keys.into_iter().enumerate() {
+                        engine.drivers[i].deregister(key);
+                    }
+                    return Err(Error::Driver {
+                        driver: name,
+                        op: "register",
+                        source,
+                    });
+                }
+            }
+        }
+        let registration = Registration {
+            base: addr,
+            len,
+            keys,
+            inflight: 0,
+            _owned: owned,
+        };
+        engine
+            .mem
+            .insert(registration)
+            .map_err(Error::status_of("register"))
+    }
+
+    /// Registers existing memory for local use in SQEs and remote access by
+    /// peers that receive its key.
+    ///
+    /// # Errors
+    /// Zero or overflowing length, an unsupported kind, or no free slot.
+    ///
+    /// # Safety
+    /// - `[addr, addr + len)` stays valid, writable memory until
+    ///   [`deregister`](Worker::deregister) succeeds or the worker is
+    ///   dropped.
+    /// - While registered, peers and the engine may write it at any time:
+    ///   the owner reads it only in ways that tolerate that (volatile or
+    ///   atomic accesses, or after a completion or a notification says the
+    ///   writes are done).
+    #[allow(unsafe_code)]
+    pub unsafe fn register(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        kind: MemKind,
+    ) -> Result<MemHandle, Error> {
+        self.register_desc(addr as usize as u64, len as u64, kind, None)
+    }
+
+    /// Allocates `len` zeroed, 64-byte aligned bytes and registers them: the
+    /// zero-copy way to start.
+    ///
+    /// The memory comes from the first driver that provides its own
+    /// ([`Driver::alloc_memory`], e.g. a sealed memfd that a shared-memory
+    /// peer maps), else from the heap.
+    ///
+    /// # Errors
+    /// As [`register`](Worker::register), the driver's allocation error, or
+    /// the allocation failed.
+    pub fn alloc_registered(&self, len: usize) -> Result<RegisteredBuf, Error> {
+        let no_memory = Error::Status {
+            op: "alloc_registered",
+            status: Status::NoMemory,
+        };
+        let from_driver = if len == 0 {
+            None
+        } else {
+            let mut engine = self.shared.engine();
+            engine.drivers.iter_mut().find_map(|d| {
+                let name = d.name();
+                d.alloc_memory(len).map(|r| {
+                    r.map_err(|source| Error::Driver {
+                        driver: name,
+                        op: "alloc_memory",
+                        source,
+                    })
+                })
+            })
+        };
+        let mem = Arc::new(match from_driver {
+            Some(mem) => OwnedMem::from_driver(mem?, len).ok_or(no_memory)?,
+            None => OwnedMem::new(len).ok_or(no_memory)?,
+        });
+        let handle =
+            self.register_desc(mem.addr(), len as u64, MemKind::Host, Some(mem.clone()))?;
+        Ok(RegisteredBuf { mem, handle, len })
+    }
+
+    /// Withdraws a registration. Fails cleanly, changing nothing, while
+    /// requests that use it are in flight.
+    ///
+    /// # Errors
+    /// [`Status::InvalidMemHandle`] for an unknown handle, [`Status::Busy`]
+    /// while in use.
+    pub fn deregister(&self, handle: MemHandle) -> Result<(), Error> {
+        let mut engine = self.shared.engine();
+        let registration = engine
+            .mem
+            .remove(handle.as_raw())
+            .map_err(Error::status_of("deregister"))?;
+        for (d, key) in registration.keys.into_iter().enumerate() {
+            if let Some(driver) = engine.drivers.get_mut(d) {
+                driver.deregister(key);
+            }
+        }
+        Ok(())
+    }
+
+    /// The blob a peer unpacks to access a registration: exact bounds plus
+    /// the driver's part, which carries a random secret.
+    ///
+    /// # Errors
+    /// [`Status::InvalidMemHandle`] for an unknown handle.
+    pub fn pack_rkey(&self, handle: MemHandle) -> Result<Vec<u8>, Error> {
+        let engine = self.shared.engine();
+        let r = engine.mem.get(handle.as_raw()).ok_or(Error::Status {
+            op: "pack_rkey",
+            status: Status::InvalidMemHandle,
+        })?;
+        let mut parts = Vec::new();
+        for (d, key) in r.keys.iter().enumerate() {
+            let driver = &engine.drivers[d];
+            let part = driver.pack_rkey(*key).map_err(|source| Error::Driver {
+                driver: driver.name(),
+                op: "pack_rkey",
+                source,
+            })?;
+            parts.push(blob::encode(driver.name(), r.base, r.len, &part));
+        }
+        Ok(encode_key_parts(&parts))
+    }
+
+    /// Turns a peer's key blob into an id for SQEs on `ep`.
+    ///
+    /// # Errors
+    /// [`Status::InvalidEndpoint`], [`Status::InvalidArgument`] for a
+    /// malformed blob or one without a part for `ep`'s driver, or the
+    /// driver's error.
+    pub fn unpack_rkey(&self, ep: EndpointId, key: &[u8]) -> Result<RkeyId, Error> {
+        let bad = || Error::Status {
+            op: "unpack_rkey",
+            status: Status::InvalidArgument,
+        };
+        let mut engine = self.shared.engine();
+        let endpoint = engine.endpoints.get(ep.0 as usize).ok_or(Error::Status {
+            op: "unpack_rkey",
+            status: Status::InvalidEndpoint,
+        })?;
+        let (driver, driver_ep) = (endpoint.driver as usize, DriverEp(endpoint.driver_ep));
+        let name = engine.drivers[driver].name();
+        for part in key_parts(key) {
+            let part = part.ok_or_else(bad)?;
+            let decoded = blob::decode(part).map_err(Error::status_of("unpack_rkey"))?;
+            if decoded.driver != name {
+                continue;
+            }
+            let rkey = engine.drivers[driver]
+                .unpack_rkey(driver_ep, decoded.driver_blob)
+                .map_err(|source| Error::Driver {
+                    driver: name,
+                    op: "unpack_rkey",
+                    source,
+                })?;
+            let entry = Rkey {
+                endpoint: ep.0,
+                driver: rkey,
+                base: decoded.base,
+                len: decoded.len,
+            };
+            return engine
+                .rkeys
+                .insert(entry)
+                .map_err(Error::status_of("unpack_rkey"));
+        }
+        Err(bad())
+    }
+}

@@ -1,0 +1,245 @@
+//! The worker: the public face of the engine.
+
+use crate::config::Config;
+use crate::driver::{Driver, DriverEp, MemDesc};
+use crate::endpoint::{Endpoint, EndpointId};
+use crate::engine::{Engine, EngineQueue};
+use crate::error::Error;
+use crate::memory::{MemHandle, MemKind, Registration, Rkey, RkeyId, blob};
+use crate::request::MAX_QUEUES;
+use crate::stats::Stats;
+use crate::sys::mem::OwnedMem;
+use crate::sys::notify::NotifyPool;
+use ringfence_ring::{
+    Consumer, Corrupt, Cqe, Doorbell, LocalBuf, Producer, RawParts, Region, RingError, Sqe, Status,
+    WaitError,
+};
+use std::ops::Deref;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+mod blobs;
+mod buffer;
+mod builder;
+mod core_thread;
+mod memory;
+mod queue_pair;
+
+use blobs::{decode_address, encode_address, encode_key_parts, key_parts};
+pub use buffer::RegisteredBuf;
+pub use builder::WorkerBuilder;
+use core_thread::CoreThread;
+pub use queue_pair::{Notification, QueuePair};
+
+/// What the application threads, the core thread and the worker share.
+#[derive(Debug)]
+pub(super) struct Shared {
+    engine: Mutex<Engine>,
+    /// Rung by a queue pair's `submit` when the core thread sleeps.
+    sq_bell: Arc<Doorbell>,
+    notify: Arc<NotifyPool>,
+    shut_down: AtomicBool,
+}
+
+impl Shared {
+    pub(super) fn engine(&self) -> MutexGuard<'_, Engine> {
+        // A panic while holding the lock leaves counters possibly off by one
+        // but no memory unsafety; keep going rather than poison every call.
+        self.engine.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A ringfence worker: drivers, endpoints, memory, queue pairs, and the
+/// progress loop that connects them.
+///
+/// Application threads talk to it through their own [`QueuePair`]s; the
+/// engine runs on whichever thread calls [`progress`](Worker::progress), or
+/// on the core thread ([`start_core_thread`](Worker::start_core_thread)).
+///
+/// # Examples
+/// ```
+/// use ringfence::{Loopback, Worker};
+/// use ringfence_ring::{RemoteBuf, Sqe};
+///
+/// let target = Worker::builder().driver(Loopback::new()).ignore_env().build()?;
+/// let initiator = Worker::builder().driver(Loopback::new()).ignore_env().build()?;
+/// let window = target.alloc_registered(4096)?;
+/// let ep = initiator.connect(target.address())?;
+/// let rkey = initiator.unpack_rkey(ep, &target.pack_rkey(window.handle())?)?;
+///
+/// let src = initiator.alloc_registered(64)?;
+/// src.write(0, b"hello");
+/// let mut qp = initiator.create_queue()?;
+/// let remote = RemoteBuf { rkey: rkey.as_raw(), addr: window.addr() + 100 };
+/// qp.push(Sqe::put(ep.as_raw(), src.local(0), remote, 5).with_user_data(1))?;
+/// qp.push(Sqe::flush(ep.as_raw()).with_user_data(2))?;
+/// qp.submit();
+/// let mut done = 0;
+/// while done < 2 {
+///     initiator.progress();
+///     while let Some(cqe) = qp.pop()? {
+///         assert_eq!(cqe.res >= 0, true);
+///         done += 1;
+///     }
+/// }
+/// let mut out = [0u8; 5];
+/// window.read(100, &mut out);
+/// assert_eq!(&out, b"hello");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct Worker {
+    shared: Arc<Shared>,
+    core: Option<CoreThread>,
+    address: Vec<u8>,
+}
+
+impl Worker {
+    /// A builder with the defaults of [`Config`].
+    pub fn builder() -> WorkerBuilder {
+        WorkerBuilder::default()
+    }
+
+    /// This worker's address, for peers to [`connect`](Worker::connect) to.
+    pub fn address(&self) -> &[u8] {
+        &self.address
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> Config {
+        self.shared.engine().config.clone()
+    }
+
+    /// Connects to a peer through the first driver both workers have.
+    ///
+    /// # Errors
+    /// [`Status::InvalidArgument`] for a malformed address,
+    /// [`Status::PeerUnreachable`] if no driver is shared, or the driver's
+    /// error.
+    pub fn connect(&self, peer: &[u8]) -> Result<EndpointId, Error> {
+        let parts = decode_address(peer).ok_or(Error::Status {
+            op: "connect",
+            status: Status::InvalidArgument,
+        })?;
+        let mut engine = self.shared.engine();
+        if engine.endpoints.len() >= usize::from(u16::MAX) {
+            return Err(Error::Status {
+                op: "connect",
+                status: Status::NoResource,
+            });
+        }
+        for d in 0..engine.drivers.len() {
+            let name = engine.drivers[d].name();
+            let Some((_, part)) = parts.iter().find(|(n, _)| *n == name) else {
+                continue;
+            };
+            let lanes = engine
+                .config
+                .lanes
+                .min(engine.drivers[d].capabilities().max_lanes)
+                .max(1);
+            let driver_ep =
+                engine.drivers[d]
+                    .connect(part, lanes)
+                    .map_err(|source| Error::Driver {
+                        driver: name,
+                        op: "connect",
+                        source,
+                    })?;
+            let index = engine.add_endpoint(Endpoint::new(d as u8, driver_ep.0, lanes));
+            tracing::debug!(endpoint = index, driver = name, lanes, "connected");
+            return Ok(EndpointId(index));
+        }
+        Err(Error::Status {
+            op: "connect",
+            status: Status::PeerUnreachable,
+        })
+    }
+
+    /// A queue pair with the configured ring sizes (see
+    /// [`create_queue_with`](Worker::create_queue_with)).
+    ///
+    /// # Errors
+    /// As `create_queue_with`.
+    pub fn create_queue(&self) -> Result<QueuePair, Error> {
+        let (sq, cq) = {
+            let engine = self.shared.engine();
+            (engine.config.sq_entries, engine.config.cq_entries)
+        };
+        self.create_queue_with(sq, cq)
+    }
+
+    /// A queue pair (one SQ, one CQ) for one application thread. The first
+    /// queue pair of a worker also receives its incoming notifications.
+    ///
+    /// # Errors
+    /// Bad entry counts, the queue limit (4096), or memory.
+    pub fn create_queue_with(&self, sq_entries: u32, cq_entries: u32) -> Result<QueuePair, Error> {
+        let mut region = Region::builder()
+            .sq_entries(sq_entries)
+            .cq_entries(cq_entries)
+            .build_anonymous()?;
+        let (sq, cq) = region.app_side()?;
+        let (engine_sq, engine_cq) = region.engine_side()?;
+        let cq_bell = Arc::new(Doorbell::new().map_err(|source| Error::Os {
+            op: "eventfd",
+            source,
+        })?);
+        let mut engine = self.shared.engine();
+        if engine.queues.len() >= MAX_QUEUES as usize {
+            return Err(Error::Status {
+                op: "create_queue",
+                status: Status::NoResource,
+            });
+        }
+        let (requests, buffers) = (engine.config.requests, engine.notify.count());
+        let index = engine.add_queue(EngineQueue::new(
+            engine_sq,
+            engine_cq,
+            requests,
+            buffers,
+            Some(cq_bell.clone()),
+        ));
+        Ok(QueuePair {
+            sq,
+            cq,
+            index,
+            cq_bell,
+            shared: self.shared.clone(),
+        })
+    }
+
+    /// One bounded round of progress on the caller's thread; returns how
+    /// much work it did (0: nothing to do).
+    pub fn progress(&self) -> usize {
+        self.shared.engine().progress()
+    }
+
+    /// Counters of the whole worker.
+    pub fn stats(&self) -> Stats {
+        self.shared.engine().stats
+    }
+
+    /// Counters of one endpoint.
+    pub fn endpoint_stats(&self, ep: EndpointId) -> Option<Stats> {
+        self.shared
+            .engine()
+            .cold
+            .get(ep.0 as usize)
+            .map(|c| c.stats)
+    }
+}
+
+impl Drop for Worker {
+    /// Stops the core thread, then completes everything outstanding with
+    /// CANCELED (queue pairs that outlive the worker can still reap those
+    /// CQEs), and drops the drivers, so that no peer reaches this worker's
+    /// memory any more.
+    fn drop(&mut self) {
+        self.stop_core_thread();
+        self.shared.shut_down.store(true, Ordering::Release);
+        self.shared.engine().shutdown();
+    }
+}
