@@ -18,7 +18,28 @@ impl EndpointId {
     }
 }
 
-/// Where an endpoint is in its life.
+/// Where an endpoint is in its life, as [`Worker::endpoint_state`]
+/// reports it.
+///
+/// [`Worker::endpoint_state`]: crate::Worker::endpoint_state
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum EndpointState {
+    /// The driver's handshake goes on; SQEs queue until it finishes.
+    Connecting,
+    /// Up: operations start.
+    Connected,
+    /// A graceful CLOSE is queued: what came before it drains; new
+    /// submissions fail.
+    Closing,
+    /// Failed with this sticky first error: every operation on it
+    /// completes with it.
+    Failed(Status),
+    /// Closed: every submission fails with `EndpointClosed`.
+    Closed,
+}
+
+/// Where an endpoint is in its life (see also the [`CONNECTING`] flag).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub(crate) enum EpState {
@@ -77,16 +98,28 @@ pub(crate) struct Endpoint {
     /// Next bandwidth lane for round-robin.
     pub next_bw: u8,
     pub state: EpState,
-    /// In the engine's dispatch list.
-    pub scheduled: bool,
-    /// A strong FENCE was submitted since the last request: the next one is
-    /// marked (`Request::strong_boundary`).
-    pub strong_armed: bool,
+    /// [`SCHEDULED`], [`STRONG_ARMED`], [`CONNECTING`].
+    pub flags: u8,
+    /// Not used: the line's last spare byte.
+    _spare: u8,
     /// The one lane a weak fence admitted `weak_epoch` on (R8), with
     /// [`WEAK_FLAG_OWED`] set until the first operation after the fence
     /// carried the transport fence flag; [`NO_LANE`] when none.
     pub weak_lane: u8,
 }
+
+/// In `flags`: the endpoint is in the engine's dispatch list.
+pub(crate) const SCHEDULED: u8 = 1;
+/// In `flags`: a strong FENCE was submitted since the last request, so the
+/// next one is marked (`Request::strong_boundary`).
+pub(crate) const STRONG_ARMED: u8 = 1 << 1;
+/// In `flags`: the driver's handshake has not finished. Requests queue in
+/// FIFO order (R18) and nothing is started or flushed until it has; a
+/// failed handshake fails the endpoint (R20, R32).
+pub(crate) const CONNECTING: u8 = 1 << 2;
+/// `flags` that keep the direct path off: a boundary or a handshake is
+/// pending.
+pub(crate) const NOT_DIRECT: u8 = STRONG_ARMED | CONNECTING;
 
 /// No weak admission.
 pub(crate) const NO_LANE: u8 = 0xff;
@@ -114,8 +147,8 @@ impl Endpoint {
             lanes,
             next_bw: 0,
             state: EpState::Connected,
-            scheduled: false,
-            strong_armed: false,
+            flags: 0,
+            _spare: 0,
             weak_lane: NO_LANE,
         }
     }
@@ -129,6 +162,39 @@ impl Endpoint {
     /// The lane a weak fence admitted its epoch on, if any.
     pub(crate) fn weak(&self) -> Option<(u8, u32)> {
         (self.weak_lane != NO_LANE).then_some((self.weak_lane & !WEAK_FLAG_OWED, self.weak_epoch))
+    }
+
+    /// Whether a flag of `flags` is set.
+    #[inline]
+    pub(crate) fn has(&self, flags: u8) -> bool {
+        self.flags & flags != 0
+    }
+
+    /// Sets or clears `flags`.
+    #[inline]
+    pub(crate) fn set(&mut self, flags: u8, on: bool) {
+        if on {
+            self.flags |= flags;
+        } else {
+            self.flags &= !flags;
+        }
+    }
+
+    /// The public view of the state.
+    pub(crate) fn public_state(&self) -> EndpointState {
+        match self.state {
+            EpState::Connected if self.is_connecting() => EndpointState::Connecting,
+            EpState::Connected => EndpointState::Connected,
+            EpState::Closing => EndpointState::Closing,
+            EpState::Failed => EndpointState::Failed(self.error()),
+            EpState::Closed => EndpointState::Closed,
+        }
+    }
+
+    /// Whether the driver's handshake is still going on.
+    #[inline]
+    pub(crate) fn is_connecting(&self) -> bool {
+        self.has(CONNECTING)
     }
 
     /// The sticky first error.

@@ -43,6 +43,9 @@ pub enum Error {
         /// Why.
         status: Status,
     },
+    /// No driver of the worker supports what was asked (a memory kind).
+    #[error("unsupported: {0}")]
+    Unsupported(String),
     /// A ring could not be set up.
     #[error("ring setup failed")]
     Ring(#[from] RegionError),
@@ -66,6 +69,7 @@ impl Error {
             }
             Error::Driver { source, .. } => source.status,
             Error::Status { status, .. } => *status,
+            Error::Unsupported(_) => Status::Unsupported,
             Error::Ring(_) => Status::NoMemory,
             Error::Os { .. } => Status::Io,
         }

@@ -25,12 +25,17 @@
 //! injector owns all timing. Completions the inner driver returns later are
 //! passed through.
 
+#![allow(unsafe_code)] // forwards the unsafe `post` and `execute`
+
+use crate::DriverMemory;
 use crate::driver::{
-    Capabilities, Completion, Driver, DriverContext, DriverEp, DriverError, DriverMemKey,
-    DriverRkey, LaneMask, MemDesc, Op, OpKind, Posted, Token,
+    Capabilities, Completion, Connect, DirectPath, Driver, DriverContext, DriverEp, DriverError,
+    DriverMemKey, DriverRkey, LaneMask, MemDesc, Op, OpKind, Posted, Quiesce, Token,
 };
+use crate::memory::MemKind;
 use ringfence_ring::Status;
 use std::collections::{HashMap, VecDeque};
+use std::os::fd::BorrowedFd;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -253,7 +258,9 @@ impl<D: Driver> FaultInjector<D> {
                 result: Err(status),
             });
         }
-        match self.inner.post(ep, &held.op, held.token) {
+        // SAFETY: `held.op` came through `post`, whose caller keeps its
+        // memory valid until its completion, which has not been returned.
+        match unsafe { self.inner.post(ep, &held.op, held.token) } {
             Posted::Done(result) => {
                 if result.is_ok() {
                     self.log(ep, &held.op);
@@ -354,8 +361,6 @@ impl<D: Driver> Driver for FaultInjector<D> {
     fn capabilities(&self) -> Capabilities {
         let mut caps = self.inner.capabilities();
         caps.ordered_lanes = caps.ordered_lanes && self.program().unordered == 0;
-        // `execute` runs operations through `post`, where the faults are,
-        // when the inner driver finishes them inside the call.
         caps
     }
 
@@ -367,14 +372,15 @@ impl<D: Driver> Driver for FaultInjector<D> {
         self.inner.address()
     }
 
-    fn connect(&mut self, peer: &[u8], lanes: u8) -> Result<DriverEp, DriverError> {
-        let ep = self.inner.connect(peer, lanes)?;
+    fn connect(&mut self, peer: &[u8], lanes: u8, token: Token) -> Result<Connect, DriverError> {
+        let connect = self.inner.connect(peer, lanes, token)?;
+        let (Connect::Done(ep) | Connect::InFlight(ep)) = connect;
         let index = ep.0 as usize;
         if self.held.len() <= index {
             self.held.resize_with(index + 1, Vec::new);
         }
         self.held[index] = (0..lanes).map(|_| VecDeque::with_capacity(1024)).collect();
-        Ok(ep)
+        Ok(connect)
     }
 
     fn disconnect(&mut self, ep: DriverEp) {
@@ -411,7 +417,7 @@ impl<D: Driver> Driver for FaultInjector<D> {
         self.inner.unpack_rkey(ep, blob)
     }
 
-    fn post(&mut self, ep: DriverEp, op: &Op, token: Token) -> Posted {
+    unsafe fn post(&mut self, ep: DriverEp, op: &Op, token: Token) -> Posted {
         let (timing, fail) = {
             let mut p = self.program();
             if p.no_resource > 0 {
@@ -431,7 +437,9 @@ impl<D: Driver> Driver for FaultInjector<D> {
             if let Some(status) = fail {
                 return Posted::Done(Err(status));
             }
-            let posted = self.inner.post(ep, op, token);
+            // SAFETY: forwarded from our own `post`, under its caller's
+            // guarantee.
+            let posted = unsafe { self.inner.post(ep, op, token) };
             if matches!(posted, Posted::Done(Ok(_))) {
                 self.log(ep, op);
             }
@@ -456,40 +464,6 @@ impl<D: Driver> Driver for FaultInjector<D> {
             fail,
         });
         Posted::InFlight
-    }
-
-    /// Runs `ops` one by one through `post` (so injected failures and
-    /// NO_RESOURCE apply to each), and only while the timing is synchronous:
-    /// an operation `post` would hold is left to the engine, which posts it
-    /// itself. The inner driver finishes what it takes inside the call (it
-    /// has `Capabilities::execute`, or this driver would not be asked).
-    fn execute(&mut self, ep: DriverEp, ops: &[Op], results: &mut [Result<u32, Status>]) -> usize {
-        for (i, (op, result)) in ops.iter().zip(results.iter_mut()).enumerate() {
-            {
-                let p = self.program();
-                if p.timing != Timing::Synchronous || p.no_resource > 0 {
-                    return i;
-                }
-            }
-            match self.post(ep, op, Token::NONE) {
-                Posted::Done(r) => {
-                    *result = r;
-                    if r.is_err() {
-                        return i + 1;
-                    }
-                }
-                // Not run (the inner driver had no room): the engine posts
-                // it again itself.
-                Posted::NoResource => return i,
-                Posted::InFlight => {
-                    // The inner driver broke its `execute` capability: its
-                    // completion will carry no request.
-                    *result = Err(Status::Transport);
-                    return i + 1;
-                }
-            }
-        }
-        ops.len().min(results.len())
     }
 
     fn flush(&mut self, ep: DriverEp, lanes: LaneMask, token: Token) -> Posted {
@@ -587,6 +561,36 @@ impl<D: Driver> Driver for FaultInjector<D> {
         n
     }
 
+    fn commit(&mut self) {
+        self.inner.commit();
+    }
+
+    fn wake_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.inner.wake_fd()
+    }
+
+    fn quiesce(&mut self, scope: Quiesce) {
+        self.inner.quiesce(scope);
+    }
+
+    fn direct(&mut self) -> Option<&mut dyn DirectPath> {
+        // Runs go through this wrapper's `post`, where the faults are, and
+        // only when the inner driver finishes operations inside the call.
+        if self.inner.direct().is_some() {
+            Some(self)
+        } else {
+            None
+        }
+    }
+
+    fn alloc_memory(
+        &mut self,
+        len: usize,
+        kind: MemKind,
+    ) -> Option<Result<Arc<dyn DriverMemory>, DriverError>> {
+        self.inner.alloc_memory(len, kind)
+    }
+
     fn lane_ordered(&self, ep: DriverEp, lane: u8) -> bool {
         self.program().unordered & (1 << lane) == 0 && self.inner.lane_ordered(ep, lane)
     }
@@ -597,5 +601,54 @@ impl<D: Driver> Driver for FaultInjector<D> {
             .get(&(ep.0, lane))
             .copied()
             .unwrap_or(0)
+    }
+}
+
+impl<D: Driver> DirectPath for FaultInjector<D> {
+    /// Runs `ops` one by one through `post` (so injected failures and
+    /// NO_RESOURCE apply to each), and only while the timing is synchronous:
+    /// an operation `post` would hold is left to the engine, which posts it
+    /// itself. The inner driver finishes what it takes inside the call (it
+    /// offers the direct path, or this driver would not offer it).
+    unsafe fn execute(
+        &mut self,
+        ep: DriverEp,
+        ops: &[Op],
+        results: &mut [Result<u32, Status>],
+    ) -> usize {
+        for (i, (op, result)) in ops.iter().zip(results.iter_mut()).enumerate() {
+            {
+                let p = self.program();
+                if p.timing != Timing::Synchronous || p.no_resource > 0 {
+                    return i;
+                }
+            }
+            // SAFETY: the caller vouches for every operation of `ops` as
+            // `post` requires.
+            match unsafe { Driver::post(self, ep, op, Token::NONE) } {
+                Posted::Done(r) => {
+                    *result = r;
+                    if r.is_err() {
+                        return i + 1;
+                    }
+                }
+                // Not run (the inner driver had no room): the engine posts
+                // it again itself.
+                Posted::NoResource => return i,
+                Posted::InFlight => {
+                    // The inner driver broke its `execute` capability: its
+                    // completion will carry no request.
+                    *result = Err(Status::Transport);
+                    return i + 1;
+                }
+            }
+        }
+        ops.len().min(results.len())
+    }
+
+    fn prefetch(&mut self, ep: DriverEp, rkey: DriverRkey, addr: u64, write: bool) {
+        if let Some(inner) = self.inner.direct() {
+            inner.prefetch(ep, rkey, addr, write);
+        }
     }
 }

@@ -63,11 +63,11 @@ mod worker;
 
 pub use config::Config;
 pub use driver::{
-    Capabilities, Completion, Driver, DriverContext, DriverEp, DriverError, DriverMemKey,
-    DriverMemory, DriverRkey, LaneMask, MAX_LANES, MemDesc, Op, OpKind, Posted, Token,
-    drain_completions,
+    Capabilities, Completion, Connect, DirectPath, Driver, DriverContext, DriverEp, DriverError,
+    DriverMemKey, DriverMemory, DriverRkey, LaneMask, MAX_LANES, MemDesc, Op, OpKind, Posted,
+    Quiesce, Token, drain_completions,
 };
-pub use endpoint::EndpointId;
+pub use endpoint::{EndpointId, EndpointState};
 pub use error::Error;
 #[cfg(feature = "testkit")]
 pub use fault::{Executed, FaultHandle, FaultInjector, Timing};

@@ -19,8 +19,8 @@
 
 use crate::NotifyPool;
 use crate::driver::{
-    Capabilities, Completion, Driver, DriverContext, DriverEp, DriverError, DriverMemKey,
-    DriverRkey, LaneMask, MemDesc, Op, OpKind, Posted, Token,
+    Capabilities, Completion, Connect, DirectPath, Driver, DriverContext, DriverEp, DriverError,
+    DriverMemKey, DriverRkey, LaneMask, MemDesc, Op, OpKind, Posted, Token,
 };
 use crate::memory::{MemKind, within};
 use crate::sys::mem;
@@ -258,9 +258,7 @@ impl Driver for Loopback {
     }
 
     fn capabilities(&self) -> Capabilities {
-        let mut caps = Capabilities::new(crate::driver::MAX_LANES, 1 << 30);
-        caps.execute = self.mode == CompletionMode::Immediate;
-        caps
+        Capabilities::host_rma(crate::driver::MAX_LANES, 1 << 30)
     }
 
     fn attach(&mut self, ctx: DriverContext) {
@@ -273,7 +271,7 @@ impl Driver for Loopback {
         address
     }
 
-    fn connect(&mut self, peer: &[u8], lanes: u8) -> Result<DriverEp, DriverError> {
+    fn connect(&mut self, peer: &[u8], lanes: u8, _token: Token) -> Result<Connect, DriverError> {
         if peer.len() != 12 || &peer[..4] != ADDRESS_MAGIC {
             return Err(err(Status::InvalidArgument, "malformed loopback address"));
         }
@@ -301,7 +299,8 @@ impl Driver for Loopback {
             next_seq: 1,
         };
         self.conns.push(Some(conn));
-        Ok(DriverEp(self.conns.len() as u32 - 1))
+        // No handshake: the peer's node is in this process.
+        Ok(Connect::Done(DriverEp(self.conns.len() as u32 - 1)))
     }
 
     fn disconnect(&mut self, ep: DriverEp) {
@@ -382,7 +381,7 @@ impl Driver for Loopback {
         Ok(DriverRkey(self.rkeys.len() as u32 - 1))
     }
 
-    fn post(&mut self, ep: DriverEp, op: &Op, token: Token) -> Posted {
+    unsafe fn post(&mut self, ep: DriverEp, op: &Op, token: Token) -> Posted {
         let mode = self.mode;
         let Some(conn) = self.conns.get_mut(ep.0 as usize).and_then(Option::as_mut) else {
             return Posted::Done(Err(Status::EndpointClosed));
@@ -408,25 +407,6 @@ impl Driver for Loopback {
         }
     }
 
-    fn execute(&mut self, ep: DriverEp, ops: &[Op], results: &mut [Result<u32, Status>]) -> usize {
-        if self.mode != CompletionMode::Immediate {
-            return 0;
-        }
-        for (i, (op, result)) in ops.iter().zip(results.iter_mut()).enumerate() {
-            // Immediate: `post` finishes every operation it takes.
-            match self.post(ep, op, Token::NONE) {
-                Posted::Done(r) => {
-                    *result = r;
-                    if r.is_err() {
-                        return i + 1;
-                    }
-                }
-                Posted::InFlight | Posted::NoResource => return i,
-            }
-        }
-        ops.len().min(results.len())
-    }
-
     fn flush(&mut self, ep: DriverEp, lanes: LaneMask, token: Token) -> Posted {
         let Some(conn) = self.conns.get_mut(ep.0 as usize).and_then(Option::as_mut) else {
             return Posted::Done(Err(Status::EndpointClosed));
@@ -443,6 +423,11 @@ impl Driver for Loopback {
             seq: conn.next_seq - 1,
         });
         Posted::InFlight
+    }
+
+    fn direct(&mut self) -> Option<&mut dyn DirectPath> {
+        // Immediate mode finishes every operation inside `post`.
+        (self.mode == CompletionMode::Immediate).then_some(self as &mut dyn DirectPath)
     }
 
     fn poll(&mut self, out: &mut [Completion]) -> usize {
@@ -493,5 +478,33 @@ impl Driver for Loopback {
             }
         }
         n
+    }
+}
+
+impl DirectPath for Loopback {
+    unsafe fn execute(
+        &mut self,
+        ep: DriverEp,
+        ops: &[Op],
+        results: &mut [Result<u32, Status>],
+    ) -> usize {
+        if self.mode != CompletionMode::Immediate {
+            return 0;
+        }
+        for (i, (op, result)) in ops.iter().zip(results.iter_mut()).enumerate() {
+            // Immediate: `post` finishes every operation it takes.
+            // SAFETY: the caller vouches for every operation of `ops` as
+            // `post` requires.
+            match unsafe { Driver::post(self, ep, op, Token::NONE) } {
+                Posted::Done(r) => {
+                    *result = r;
+                    if r.is_err() {
+                        return i + 1;
+                    }
+                }
+                Posted::InFlight | Posted::NoResource => return i,
+            }
+        }
+        ops.len().min(results.len())
     }
 }

@@ -65,8 +65,11 @@ impl RkeyId {
 pub(crate) struct Registration {
     pub base: u64,
     pub len: u64,
-    /// The driver's key, one per driver of the worker (same order).
-    pub keys: Vec<DriverMemKey>,
+    /// What memory it is.
+    pub kind: MemKind,
+    /// The driver's key, one per driver of the worker (same order); `None`
+    /// for a driver that does not register this kind of memory.
+    pub keys: Vec<Option<DriverMemKey>>,
     /// Requests that reference this registration and have not completed.
     pub inflight: u32,
     /// Memory the registry owns (from `alloc_registered`), kept alive here
@@ -94,8 +97,12 @@ impl MemRegistry {
     /// Adds a registration.
     ///
     /// # Errors
-    /// [`Status::NoResource`] when all 65,536 slots are in use.
-    pub fn insert(&mut self, registration: Registration) -> Result<MemHandle, Status> {
+    /// [`Status::NoResource`] when all 65,536 slots are in use; the
+    /// registration comes back, for its driver keys to be withdrawn.
+    pub fn insert(
+        &mut self,
+        registration: Registration,
+    ) -> Result<MemHandle, (Status, Registration)> {
         let slot = match self.slots.iter().position(|s| s.registration.is_none()) {
             Some(i) => i,
             None if self.slots.len() < 1 << 16 => {
@@ -105,7 +112,7 @@ impl MemRegistry {
                 });
                 self.slots.len() - 1
             }
-            None => return Err(Status::NoResource),
+            None => return Err((Status::NoResource, registration)),
         };
         let s = &mut self.slots[slot];
         s.registration = Some(registration);
@@ -312,6 +319,7 @@ mod tests {
         Registration {
             base,
             len,
+            kind: MemKind::Host,
             keys: vec![],
             inflight: 0,
             _owned: None,

@@ -4,10 +4,14 @@
 use super::*;
 
 impl Engine {
+    /// Polls every driver for at most [`POLL_BATCHES`] full batches and
+    /// applies what finished.
     pub(super) fn poll_drivers(&mut self) -> usize {
         let mut work = 0;
         for d in 0..self.drivers.len() {
-            loop {
+            // Bounded: a driver that keeps returning full batches leaves the
+            // rest for the next round, so the SQs are not starved.
+            for _ in 0..POLL_BATCHES {
                 let n = self.drivers[d].poll(&mut self.scratch);
                 for i in 0..n {
                     let c = self.scratch[i];
@@ -23,6 +27,9 @@ impl Engine {
     }
 
     pub(super) fn on_completion(&mut self, c: Completion) {
+        if c.token.0 & (FENCE_TOKEN | CONNECT_TOKEN) == CONNECT_TOKEN {
+            return self.connect_done((c.token.0 & !CONNECT_TOKEN) as usize, c.result);
+        }
         if c.token.0 & FENCE_TOKEN != 0 {
             let e = (c.token.0 & !FENCE_TOKEN) as usize;
             let Some(ep) = self.endpoints.get_mut(e).filter(|ep| ep.flushing != 0) else {
@@ -83,6 +90,7 @@ impl Engine {
         ep.set_error(status);
         ep.flushing = 0;
         ep.weak_lane = NO_LANE;
+        ep.set(CONNECTING, false);
         while let Some(id) = self.pop_head(e) {
             if self.request(id).opcode() == Opcode::CLOSE {
                 // R34: the close of a failed endpoint succeeds.

@@ -2,6 +2,9 @@
 //! SQEs, and runs of them executed by drivers that finish operations
 //! inside the call.
 
+// Hands admitted operations to the driver's unsafe `execute`.
+#![allow(unsafe_code)]
+
 use super::*;
 
 /// A PUT or GET: an SQE the direct path may take.
@@ -117,7 +120,7 @@ impl Engine {
         let ep = self.endpoints.get(sqe.endpoint as usize)?;
         let ready = ep.head == NONE
             && ep.submit_epoch == ep.admitted_epoch
-            && !ep.strong_armed
+            && !ep.has(NOT_DIRECT)
             && ep.state == EpState::Connected;
         if !ready || !sqe.reserved_are_zero() {
             return None;
@@ -158,7 +161,7 @@ impl Engine {
             let Some(ep) = self.endpoints.get(sqe.endpoint as usize) else {
                 return false;
             };
-            return self.capabilities[ep.driver as usize].execute
+            return self.direct[ep.driver as usize]
                 && ep.peek_data_lane(sqe.len, threshold) == 0
                 && self.direct(sqe).is_some();
         }
@@ -186,7 +189,7 @@ impl Engine {
             && sqe.reserved_are_zero()
             && ep.head == NONE
             && ep.submit_epoch == ep.admitted_epoch
-            && !ep.strong_armed
+            && !ep.has(NOT_DIRECT)
             && ep.state == EpState::Connected
             && ep.peek_data_lane(sqe.len, self.config.bw_threshold) == 0
     }
@@ -248,10 +251,16 @@ impl Engine {
             operand2: 0,
             fence: false,
         };
-        let driver = &mut self.drivers[driver];
+        let Some(driver) = self.drivers[driver].direct() else {
+            return 0; // not offered: the engine posts them one by one
+        };
         if let [sqe] = sqes {
             // A run of one (a ping-pong): the driver's single-operation path.
-            return match driver.execute_one(driver_ep, &op(sqe)) {
+            // SAFETY: the direct path admitted `sqe`: its local range lies
+            // inside the registration whose key `resolved` holds (checked by
+            // `check_rma` or `Resolved::covers`), and that registration
+            // cannot be removed during the call (the engine lock is held).
+            return match unsafe { driver.execute_one(driver_ep, &op(sqe)) } {
                 Some(result) => {
                     self.run_results[0] = result;
                     1
@@ -261,13 +270,16 @@ impl Engine {
         }
         self.run_ops.clear();
         self.run_ops.extend(sqes.iter().map(op));
-        driver
-            .execute(
+        // SAFETY: as for a run of one: every SQE of the run was admitted
+        // against the same registration, which stays for the call.
+        let ran = unsafe {
+            driver.execute(
                 driver_ep,
                 &self.run_ops,
                 &mut self.run_results[..sqes.len()],
             )
-            .min(sqes.len())
+        };
+        ran.min(sqes.len())
     }
 
     /// Runs `sqe` now, on the caller's thread, if the direct path would
@@ -307,7 +319,7 @@ impl Engine {
     /// the same line): the peer's line starts moving here while `run_now`
     /// checks the SQE. Only a hint: nothing is accessed before the checks.
     #[inline]
-    pub(super) fn prefetch(&self, sqe: &Sqe) {
+    pub(super) fn prefetch(&mut self, sqe: &Sqe) {
         let r = &self.resolved;
         let Some((rkey, _)) = r.keys.remote else {
             return;
@@ -319,7 +331,11 @@ impl Engine {
         let Some(ep) = self.endpoints.get(sqe.endpoint as usize) else {
             return;
         };
-        if let Some(driver) = self.drivers.get(ep.driver as usize) {
+        if let Some(driver) = self
+            .drivers
+            .get_mut(ep.driver as usize)
+            .and_then(|d| d.direct())
+        {
             let write = sqe.opcode == Opcode::PUT.as_raw();
             driver.prefetch(
                 crate::driver::DriverEp(ep.driver_ep),
@@ -440,7 +456,7 @@ impl Engine {
                 rkey: sqe.rkey,
                 max_len: caps.max_len,
                 get: caps.get,
-                execute: caps.execute,
+                execute: self.direct[driver as usize],
                 removals: self.mem.removals(),
                 local: (local.base, local.len),
                 remote: (remote.base, remote.len),

@@ -27,9 +27,10 @@ impl Engine {
             // An implicit strong fence: delivered after everything earlier
             // is remotely complete (DESIGN.md, Notifications).
             ep.submit_epoch += 1;
-            ep.strong_armed = true;
+            ep.set(STRONG_ARMED, true);
         }
-        let strong = std::mem::take(&mut ep.strong_armed);
+        let strong = ep.has(STRONG_ARMED);
+        ep.set(STRONG_ARMED, false);
         let epoch = ep.submit_epoch as u32;
         let queue_empty = ep.head == NONE;
         let r = self.request_mut(id);
@@ -37,6 +38,10 @@ impl Engine {
         if strong {
             r.set_strong_boundary();
         }
+        // While the handshake runs nothing starts and no boundary action is
+        // taken: requests queue in order, and dispatch takes them (and the
+        // boundaries between them) once the endpoint is up.
+        let queue_empty = queue_empty && !self.endpoints[e].is_connecting();
         let mut can_start = queue_empty && self.admitted(id);
         if queue_empty && !can_start && self.endpoints[e].flushing == 0 {
             // First in line for a new epoch: take the boundary action now,
@@ -74,7 +79,9 @@ impl Engine {
         let ep = &mut self.endpoints[e];
         if ep.state == EpState::Connected {
             ep.submit_epoch += 1;
-            ep.strong_armed |= mode == FenceMode::STRONG;
+            if mode == FenceMode::STRONG {
+                ep.set(STRONG_ARMED, true);
+            }
         }
         tracing::trace!(endpoint = e, ?mode, epoch = ep.submit_epoch, "fence");
         self.stats.fences += 1;
@@ -117,8 +124,8 @@ impl Engine {
     }
 
     pub(super) fn schedule(&mut self, e: usize) {
-        if !self.endpoints[e].scheduled {
-            self.endpoints[e].scheduled = true;
+        if !self.endpoints[e].has(SCHEDULED) {
+            self.endpoints[e].set(SCHEDULED, true);
             self.scheduled.push(e as u32);
         }
     }
@@ -131,7 +138,7 @@ impl Engine {
         let mut work = 0;
         for i in 0..self.scheduled_next.len() {
             let e = self.scheduled_next[i] as usize;
-            self.endpoints[e].scheduled = false;
+            self.endpoints[e].set(SCHEDULED, false);
             work += self.dispatch(e);
         }
         self.scheduled_next.clear();
@@ -145,7 +152,8 @@ impl Engine {
         while matches!(
             self.endpoints[e].state,
             EpState::Connected | EpState::Closing
-        ) {
+        ) && !self.endpoints[e].is_connecting()
+        {
             let head = self.endpoints[e].head;
             if head == NONE {
                 break;

@@ -195,7 +195,9 @@ impl Engine {
         rma_shape(sqe, opcode, caps.get, caps.max_len)?;
         let len = u64::from(sqe.len);
         let local = self.mem.check(sqe.local_mem, sqe.local_addr, len)?;
-        keys.local = Some(local.keys[driver as usize]);
+        // `None`: the endpoint's driver does not register this memory's
+        // kind (device memory on a host-only driver).
+        keys.local = Some(local.keys[driver as usize].ok_or(Status::Unsupported)?);
         keys.remote = Some(self.check_remote(sqe, len)?);
         Ok(())
     }

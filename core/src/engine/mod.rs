@@ -50,10 +50,13 @@
 
 use crate::config::Config;
 use crate::driver::{
-    Completion, Driver, DriverContext, DriverMemKey, DriverRkey, LaneMask, Op, OpKind, Posted,
-    Token,
+    Completion, Connect, Driver, DriverContext, DriverError, DriverMemKey, DriverRkey, LaneMask,
+    Op, OpKind, Posted, Quiesce, Token,
 };
-use crate::endpoint::{Endpoint, EndpointCold, EpState, NO_LANE, WEAK_FLAG_OWED};
+use crate::endpoint::{
+    CONNECTING, Endpoint, EndpointCold, EpState, NO_LANE, NOT_DIRECT, SCHEDULED, STRONG_ARMED,
+    WEAK_FLAG_OWED,
+};
 use crate::memory::{MemRegistry, RkeyTable, within};
 use crate::request::{NONE, Pool, Request, RequestId, State};
 use crate::stats::Stats;
@@ -73,10 +76,18 @@ const DISPATCH_BATCH: u32 = 16;
 const POLL_BATCH: usize = 64;
 /// Largest NOTIFY payload.
 pub(crate) const MAX_NOTIFY_LEN: u32 = 1 << 16;
+/// Full batches of completions taken from one driver per round: what a
+/// busy driver has beyond that waits for the next round, after the SQs.
+const POLL_BATCHES: usize = 4;
 /// Token bit marking a fence flush (the rest is the endpoint index).
+/// Tokens without it or [`CONNECT_TOKEN`] are request ids.
 const FENCE_TOKEN: u64 = 1 << 63;
+/// Token bit marking a connect's handshake (the rest is the endpoint
+/// index).
+const CONNECT_TOKEN: u64 = 1 << 62;
 
 mod completion;
+mod connect;
 mod direct;
 mod fence;
 mod intake;
@@ -123,6 +134,8 @@ pub(crate) struct Engine {
     /// Each driver's capabilities, read once: validation consults them for
     /// every SQE.
     capabilities: Vec<crate::driver::Capabilities>,
+    /// Which drivers offer the direct path ([`Driver::direct`]), asked once.
+    direct: Vec<bool>,
     pub(crate) queues: Vec<EngineQueue>,
     pub(crate) endpoints: Vec<Endpoint>,
     pub(crate) cold: Vec<EndpointCold>,
@@ -160,10 +173,12 @@ impl Engine {
             });
         }
         let capabilities = drivers.iter().map(|d| d.capabilities()).collect();
+        let direct = drivers.iter_mut().map(|d| d.direct().is_some()).collect();
         Engine {
             config,
             drivers,
             capabilities,
+            direct,
             queues: Vec::new(),
             endpoints: Vec::new(),
             cold: Vec::new(),
@@ -228,6 +243,11 @@ impl Engine {
         // next: a second, separate pass (never from inside the completion).
         work += self.dispatch_scheduled();
         work += self.post_notifications();
+        // One doorbell per round: the drivers submit what this round
+        // posted and flushed, together.
+        for d in &mut self.drivers {
+            d.commit();
+        }
         for q in &mut self.queues {
             q.publish();
         }

@@ -1,5 +1,8 @@
 //! Starting admitted requests on their drivers.
 
+// Hands validated operations to the driver's unsafe `post`.
+#![allow(unsafe_code)]
+
 use super::*;
 
 impl Engine {
@@ -62,7 +65,7 @@ impl Engine {
     pub(super) fn lane_op(&self, request: &Request) -> Op {
         let driver = self.endpoints[request.endpoint as usize].driver as usize;
         let local_key = if request.holds_mem() {
-            self.mem.get(request.local_mem).map(|r| r.keys[driver])
+            self.mem.get(request.local_mem).and_then(|r| r.keys[driver])
         } else {
             None
         };
@@ -119,6 +122,14 @@ impl Engine {
         if op.fence {
             ep.weak_lane = lane;
         }
-        self.drivers[driver].post(driver_ep, op, Token(u64::from(id.0)))
+        // SAFETY: `op` comes from a validated SQE: its local range was
+        // checked against its registration (`Engine::validate`, or the
+        // direct path's `check_rma`/`Resolved::covers`), and that
+        // registration cannot go before the operation completes: a request
+        // that holds it counts in its `inflight` (deregistration fails with
+        // BUSY meanwhile), and the direct path takes its slot before the
+        // engine lock is released. A NOTIFY's payload range is checked the
+        // same way; a non-fetching ADD reads no local memory.
+        unsafe { self.drivers[driver].post(driver_ep, op, Token(u64::from(id.0))) }
     }
 }

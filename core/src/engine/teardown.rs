@@ -28,7 +28,10 @@ impl Engine {
     }
 
     /// Completes everything with CANCELED (R44): queued requests, posted
-    /// ones (after the drivers give them back), and SQEs not yet taken.
+    /// ones (after the drivers give them back, or once they have quiesced),
+    /// and SQEs not yet taken. Frees nothing a driver may still touch: the
+    /// registrations (and the memory the registry owns) go with the engine,
+    /// after every driver's `quiesce(All)` returned.
     pub(crate) fn shutdown(&mut self) {
         if self.shut_down {
             return;
@@ -41,14 +44,20 @@ impl Engine {
             self.fail_endpoint(e, Status::Canceled);
             self.close_now(e);
         }
-        // Disconnected drivers hand back what they held; a driver that
-        // keeps something anyway gets it canceled below.
+        // Disconnected drivers hand back what they held. Then each one
+        // quiesces: when that returns nothing it started can touch memory
+        // (a device still writing a GET's buffer, a peer's PUT landing), so
+        // what it still holds may be completed and the memory freed.
         for _ in 0..1000 {
             if self.endpoints.iter().all(|ep| ep.inflight == 0) {
                 break;
             }
             self.poll_drivers();
         }
+        for d in &mut self.drivers {
+            d.quiesce(Quiesce::All);
+        }
+        self.poll_drivers();
         for qi in 0..self.queues.len() {
             let q = &self.queues[qi];
             let posted: Vec<u32> = (0..q.pool_len())
@@ -61,7 +70,7 @@ impl Engine {
                 self.endpoints[e].inflight -= 1;
                 tracing::error!(
                     endpoint = e,
-                    "driver kept a request past disconnect; canceled"
+                    "driver kept a request past disconnect and quiesce; canceled"
                 );
                 self.complete(id, Err(Status::Canceled));
             }

@@ -15,6 +15,7 @@ pub struct RegisteredBuf {
     pub(super) mem: Arc<OwnedMem>,
     pub(super) handle: MemHandle,
     pub(super) len: usize,
+    pub(super) kind: MemKind,
 }
 
 impl RegisteredBuf {
@@ -38,6 +39,21 @@ impl RegisteredBuf {
         self.len == 0
     }
 
+    /// What memory it is.
+    pub fn kind(&self) -> MemKind {
+        self.kind
+    }
+
+    /// Panics unless this is host memory: device memory is never read or
+    /// written by host code.
+    fn check_host(&self) {
+        assert!(
+            self.kind == MemKind::Host,
+            "{:?} memory is device memory: host code never reads or writes it",
+            self.kind
+        );
+    }
+
     /// A local buffer `offset` bytes in, for SQE builders.
     pub fn local(&self, offset: u64) -> LocalBuf {
         LocalBuf {
@@ -49,8 +65,9 @@ impl RegisteredBuf {
     /// Copies bytes out.
     ///
     /// # Panics
-    /// If the range is out of bounds.
+    /// If the range is out of bounds, or the memory is device memory.
     pub fn read(&self, offset: usize, out: &mut [u8]) {
+        self.check_host();
         assert!(
             offset
                 .checked_add(out.len())
@@ -63,8 +80,9 @@ impl RegisteredBuf {
     /// Copies bytes in.
     ///
     /// # Panics
-    /// If the range is out of bounds.
+    /// If the range is out of bounds, or the memory is device memory.
     pub fn write(&self, offset: usize, data: &[u8]) {
+        self.check_host();
         assert!(
             offset
                 .checked_add(data.len())
@@ -78,7 +96,8 @@ impl RegisteredBuf {
     /// update with atomics).
     ///
     /// # Panics
-    /// If `offset` is not 8-byte aligned or out of bounds.
+    /// If `offset` is not 8-byte aligned or out of bounds, or the memory is
+    /// device memory.
     pub fn load_u64(&self, offset: usize) -> u64 {
         self.check_word(offset);
         self.mem.load_u64(offset)
@@ -89,7 +108,8 @@ impl RegisteredBuf {
     /// ping-pong's sequence number, a flag after a payload).
     ///
     /// # Panics
-    /// If `offset` is not 8-byte aligned or out of bounds.
+    /// If `offset` is not 8-byte aligned or out of bounds, or the memory is
+    /// device memory.
     pub fn store_u64(&self, offset: usize, value: u64) {
         self.check_word(offset);
         self.mem.store_u64(offset, value);
@@ -98,6 +118,7 @@ impl RegisteredBuf {
     /// Panics unless the 8-byte word at `offset` lies inside this buffer
     /// (the allocation under it may be longer).
     fn check_word(&self, offset: usize) {
+        self.check_host();
         assert!(
             offset.checked_add(8).is_some_and(|end| end <= self.len),
             "word out of bounds"

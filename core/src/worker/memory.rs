@@ -27,15 +27,29 @@ impl Worker {
             secret,
         };
         let mut engine = self.shared.engine();
+        if !engine
+            .drivers
+            .iter()
+            .any(|d| d.capabilities().supports_mem_kind(kind))
+        {
+            return Err(Error::Unsupported(format!(
+                "no driver of this worker registers {kind:?} memory (drivers: {:?})",
+                engine.drivers.iter().map(|d| d.name()).collect::<Vec<_>>()
+            )));
+        }
+        // Each driver that supports the kind registers it; the others
+        // never see it (device memory never reaches a host-only driver).
         let mut keys = Vec::with_capacity(engine.drivers.len());
         for d in 0..engine.drivers.len() {
+            if !engine.drivers[d].capabilities().supports_mem_kind(kind) {
+                keys.push(None);
+                continue;
+            }
             let name = engine.drivers[d].name();
             match engine.drivers[d].register(&desc) {
-                Ok(key) => keys.push(key),
+                Ok(key) => keys.push(Some(key)),
                 Err(source) => {
-                    for (i, key) in keys.into_iter().enumerate() {
-                        engine.drivers[i].deregister(key);
-                    }
+                    withdraw(&mut engine, &keys);
                     return Err(Error::Driver {
                         driver: name,
                         op: "register",
@@ -47,14 +61,21 @@ impl Worker {
         let registration = Registration {
             base: addr,
             len,
+            kind,
             keys,
             inflight: 0,
             _owned: owned,
         };
-        engine
-            .mem
-            .insert(registration)
-            .map_err(Error::status_of("register"))
+        match engine.mem.insert(registration) {
+            Ok(handle) => Ok(handle),
+            Err((status, registration)) => {
+                withdraw(&mut engine, &registration.keys);
+                Err(Error::Status {
+                    op: "register",
+                    status,
+                })
+            }
+        }
     }
 
     /// Registers existing memory for local use in SQEs and remote access by
@@ -81,17 +102,32 @@ impl Worker {
         self.register_desc(addr as usize as u64, len as u64, kind, None)
     }
 
-    /// Allocates `len` zeroed, 64-byte aligned bytes and registers them: the
-    /// zero-copy way to start.
+    /// Allocates `len` zeroed, 64-byte aligned bytes of host memory and
+    /// registers them: the zero-copy way to start. The same as
+    /// [`alloc_registered_kind`](Worker::alloc_registered_kind) with
+    /// [`MemKind::Host`].
+    ///
+    /// # Errors
+    /// As `alloc_registered_kind`.
+    pub fn alloc_registered(&self, len: usize) -> Result<RegisteredBuf, Error> {
+        self.alloc_registered_kind(len, MemKind::Host)
+    }
+
+    /// Allocates `len` zeroed, 64-byte aligned bytes of memory of `kind`
+    /// and registers them with every driver that supports that kind.
     ///
     /// The memory comes from the first driver that provides its own
     /// ([`Driver::alloc_memory`], e.g. a sealed memfd that a shared-memory
-    /// peer maps), else from the heap.
+    /// peer maps, or device memory from the CUDA driver), else, for host
+    /// memory, from the heap. Device memory is never read or written by
+    /// host code: the returned buffer's `read`, `write` and word accessors
+    /// panic on it.
     ///
     /// # Errors
-    /// As [`register`](Worker::register), the driver's allocation error, or
-    /// the allocation failed.
-    pub fn alloc_registered(&self, len: usize) -> Result<RegisteredBuf, Error> {
+    /// [`Error::Unsupported`] if no driver of this worker provides or
+    /// registers `kind`; as [`register`](Worker::register); the driver's
+    /// allocation error; or the allocation failed.
+    pub fn alloc_registered_kind(&self, len: usize, kind: MemKind) -> Result<RegisteredBuf, Error> {
         let no_memory = Error::Status {
             op: "alloc_registered",
             status: Status::NoMemory,
@@ -102,7 +138,7 @@ impl Worker {
             let mut engine = self.shared.engine();
             engine.drivers.iter_mut().find_map(|d| {
                 let name = d.name();
-                d.alloc_memory(len).map(|r| {
+                d.alloc_memory(len, kind).map(|r| {
                     r.map_err(|source| Error::Driver {
                         driver: name,
                         op: "alloc_memory",
@@ -112,16 +148,37 @@ impl Worker {
             })
         };
         let mem = Arc::new(match from_driver {
-            Some(mem) => OwnedMem::from_driver(mem?, len).ok_or(no_memory)?,
-            None => OwnedMem::new(len).ok_or(no_memory)?,
+            Some(mem) => {
+                let mem = mem?;
+                if mem.kind() != kind {
+                    return Err(Error::Unsupported(format!(
+                        "a driver handed out {:?} memory for a {kind:?} allocation",
+                        mem.kind()
+                    )));
+                }
+                OwnedMem::from_driver(mem, len).ok_or(no_memory)?
+            }
+            None if kind == MemKind::Host => OwnedMem::new(len).ok_or(no_memory)?,
+            None => {
+                return Err(Error::Unsupported(format!(
+                    "no driver of this worker allocates {kind:?} memory"
+                )));
+            }
         });
-        let handle =
-            self.register_desc(mem.addr(), len as u64, MemKind::Host, Some(mem.clone()))?;
-        Ok(RegisteredBuf { mem, handle, len })
+        let handle = self.register_desc(mem.addr(), len as u64, kind, Some(mem.clone()))?;
+        Ok(RegisteredBuf {
+            mem,
+            handle,
+            len,
+            kind,
+        })
     }
 
     /// Withdraws a registration. Fails cleanly, changing nothing, while
-    /// requests that use it are in flight.
+    /// requests that use it are in flight. Otherwise each driver withdraws
+    /// it and then quiesces it ([`Driver::quiesce`]): when this returns,
+    /// nothing any driver started (a peer's PUT landing, a device copy)
+    /// can touch the memory any more, and it may be freed.
     ///
     /// # Errors
     /// [`Status::InvalidMemHandle`] for an unknown handle, [`Status::Busy`]
@@ -132,11 +189,10 @@ impl Worker {
             .mem
             .remove(handle.as_raw())
             .map_err(Error::status_of("deregister"))?;
-        for (d, key) in registration.keys.into_iter().enumerate() {
-            if let Some(driver) = engine.drivers.get_mut(d) {
-                driver.deregister(key);
-            }
-        }
+        withdraw(&mut engine, &registration.keys);
+        tracing::debug!(kind = ?registration.kind, len = registration.len, "deregistered");
+        // Memory the registry owned is freed here, after every quiesce.
+        drop(registration);
         Ok(())
     }
 
@@ -153,6 +209,7 @@ impl Worker {
         })?;
         let mut parts = Vec::new();
         for (d, key) in r.keys.iter().enumerate() {
+            let Some(key) = key else { continue };
             let driver = &engine.drivers[d];
             let part = driver.pack_rkey(*key).map_err(|source| Error::Driver {
                 driver: driver.name(),
@@ -207,5 +264,16 @@ impl Worker {
                 .map_err(Error::status_of("unpack_rkey"));
         }
         Err(bad())
+    }
+}
+
+/// Withdraws the driver keys of a registration and waits until no driver
+/// can touch its memory any more (deregister, then quiesce, per driver).
+fn withdraw(engine: &mut Engine, keys: &[Option<DriverMemKey>]) {
+    for (d, key) in keys.iter().enumerate() {
+        if let (Some(key), Some(driver)) = (key, engine.drivers.get_mut(d)) {
+            driver.deregister(*key);
+            driver.quiesce(Quiesce::Memory(*key));
+        }
     }
 }

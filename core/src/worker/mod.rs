@@ -1,8 +1,8 @@
 //! The worker: the public face of the engine.
 
 use crate::config::Config;
-use crate::driver::{Driver, DriverEp, MemDesc};
-use crate::endpoint::{Endpoint, EndpointId};
+use crate::driver::{Driver, DriverEp, DriverMemKey, MemDesc, Quiesce};
+use crate::endpoint::{EndpointId, EndpointState};
 use crate::engine::{Engine, EngineQueue};
 use crate::error::Error;
 use crate::memory::{MemHandle, MemKind, Registration, Rkey, RkeyId, blob};
@@ -112,7 +112,13 @@ impl Worker {
         self.shared.engine().config.clone()
     }
 
-    /// Connects to a peer through the first driver both workers have.
+    /// Connects to a peer through the first driver both workers have, and
+    /// returns at once, without waiting for the peer: the endpoint is
+    /// usable straight away. If the driver needs a handshake (tcp, verbs),
+    /// the endpoint is connecting until progress sees it finish; SQEs
+    /// submitted meanwhile queue in order under the usual fence rules and
+    /// start when it is up, or each completes once with the handshake's
+    /// error. [`endpoint_state`](Worker::endpoint_state) tells where it is.
     ///
     /// # Errors
     /// [`Status::InvalidArgument`] for a malformed address,
@@ -140,22 +146,36 @@ impl Worker {
                 .lanes
                 .min(engine.drivers[d].capabilities().max_lanes)
                 .max(1);
-            let driver_ep =
-                engine.drivers[d]
-                    .connect(part, lanes)
-                    .map_err(|source| Error::Driver {
-                        driver: name,
-                        op: "connect",
-                        source,
-                    })?;
-            let index = engine.add_endpoint(Endpoint::new(d as u8, driver_ep.0, lanes));
-            tracing::debug!(endpoint = index, driver = name, lanes, "connected");
+            let index = engine
+                .connect(d, part, lanes)
+                .map_err(|source| Error::Driver {
+                    driver: name,
+                    op: "connect",
+                    source,
+                })?;
+            tracing::debug!(endpoint = index, driver = name, lanes, "connect started");
             return Ok(EndpointId(index));
         }
         Err(Error::Status {
             op: "connect",
             status: Status::PeerUnreachable,
         })
+    }
+
+    /// Where endpoint `ep` is in its life: connecting, connected, closing,
+    /// failed (with its sticky first error) or closed. A snapshot: progress
+    /// may change it at any time.
+    ///
+    /// # Errors
+    /// [`Status::InvalidEndpoint`] for an unknown endpoint.
+    pub fn endpoint_state(&self, ep: EndpointId) -> Result<EndpointState, Error> {
+        self.shared
+            .engine()
+            .endpoint_state(ep.0 as usize)
+            .ok_or(Error::Status {
+                op: "endpoint_state",
+                status: Status::InvalidEndpoint,
+            })
     }
 
     /// A queue pair with the configured ring sizes (see

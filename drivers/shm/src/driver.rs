@@ -21,8 +21,9 @@ use nix::sys::socket::{
 };
 use nix::unistd::Pid;
 use ringfence::{
-    Capabilities, Completion, Driver, DriverContext, DriverEp, DriverError, DriverMemKey,
-    DriverMemory, DriverRkey, LaneMask, MemDesc, MemKind, NotifyPool, Op, OpKind, Posted, Token,
+    Capabilities, Completion, Connect, DirectPath, Driver, DriverContext, DriverEp, DriverError,
+    DriverMemKey, DriverMemory, DriverRkey, LaneMask, MemDesc, MemKind, NotifyPool, Op, OpKind,
+    Posted, Token,
 };
 use ringfence_ring::Status;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -548,16 +549,18 @@ fn page_size(bytes: u32) -> u64 {
     CHANNEL_AT as u64 + u64::from(bytes)
 }
 
+// Implements the engine's unsafe data-path contract (`post`); the memory
+// accesses themselves are in `sys`.
+#[allow(unsafe_code)]
 impl Driver for Shm {
     fn name(&self) -> &'static str {
         "shm"
     }
 
     fn capabilities(&self) -> Capabilities {
-        let mut caps = Capabilities::new(ringfence::MAX_LANES, MAX_LEN);
-        // Every PUT and GET completes inside the call that runs it.
-        caps.execute = true;
-        caps
+        // Every operation completes inside the call that runs it (see
+        // `direct` for the run path).
+        Capabilities::host_rma(ringfence::MAX_LANES, MAX_LEN)
     }
 
     fn attach(&mut self, ctx: DriverContext) {
@@ -569,7 +572,9 @@ impl Driver for Shm {
         self.address.clone()
     }
 
-    fn connect(&mut self, peer: &[u8], lanes: u8) -> Result<DriverEp, DriverError> {
+    /// Local IPC with the peer's control thread (not its progress), so the
+    /// connection is up when this returns.
+    fn connect(&mut self, peer: &[u8], lanes: u8, _token: Token) -> Result<Connect, DriverError> {
         let name = peer
             .strip_prefix(ADDRESS_MAGIC)
             .filter(|n| !n.is_empty() && n.len() <= MAX_NAME)
@@ -695,7 +700,7 @@ impl Driver for Shm {
             lanes,
             "shm connected"
         );
-        Ok(DriverEp(ep as u32))
+        Ok(Connect::Done(DriverEp(ep as u32)))
     }
 
     fn disconnect(&mut self, ep: DriverEp) {
@@ -857,11 +862,13 @@ impl Driver for Shm {
         Ok(DriverRkey(self.rkeys.len() as u32 - 1))
     }
 
-    fn post(&mut self, ep: DriverEp, op: &Op, _token: Token) -> Posted {
+    unsafe fn post(&mut self, ep: DriverEp, op: &Op, _token: Token) -> Posted {
         if op.kind != OpKind::Notify {
             // PUT, GET, ATOMIC: a run of one.
             let mut result = [Ok(0)];
-            self.execute(ep, std::slice::from_ref(op), &mut result);
+            // SAFETY: the engine vouches for `op` as `post` requires, which
+            // is what `execute` requires.
+            unsafe { DirectPath::execute(self, ep, std::slice::from_ref(op), &mut result) };
             return Posted::Done(result[0]);
         }
         let Some(conn) = self.conns.get_mut(ep.0 as usize).and_then(Option::as_mut) else {
@@ -902,38 +909,6 @@ impl Driver for Shm {
         }
     }
 
-    fn execute(&mut self, ep: DriverEp, ops: &[Op], results: &mut [Result<u32, Status>]) -> usize {
-        match self.execute_hot(ep, ops, results) {
-            Some(ran) => ran,
-            None => self.execute_full(ep, ops, results),
-        }
-    }
-
-    fn prefetch(&self, ep: DriverEp, rkey: DriverRkey, addr: u64, write: bool) {
-        if let Some(hot) = self.hot.as_ref().filter(|h| h.ep == ep.0 && h.rkey == rkey) {
-            hot.prefetch(addr, write);
-        }
-    }
-
-    fn execute_one(&mut self, ep: DriverEp, op: &Op) -> Option<Result<u32, Status>> {
-        if let Some(hot) = &self.hot {
-            if let Some((rkey, addr)) = op.remote {
-                // Acquire on `dead`: as in `execute_hot`.
-                if hot.ep == ep.0
-                    && rkey == hot.rkey
-                    && op.lane < hot.lanes
-                    && !hot.liveness.dead.load(Ordering::Acquire)
-                {
-                    if let Some(result) = hot.access(op, addr) {
-                        return Some(result);
-                    }
-                }
-            }
-        }
-        let mut result = [Ok(0)];
-        (self.execute_full(ep, std::slice::from_ref(op), &mut result) > 0).then_some(result[0])
-    }
-
     fn flush(&mut self, ep: DriverEp, _lanes: LaneMask, _token: Token) -> Posted {
         let Some(conn) = self.conns.get(ep.0 as usize).and_then(Option::as_ref) else {
             return Posted::Done(Err(Status::EndpointClosed));
@@ -967,7 +942,18 @@ impl Driver for Shm {
         0
     }
 
-    fn alloc_memory(&mut self, len: usize) -> Option<Result<Arc<dyn DriverMemory>, DriverError>> {
+    fn direct(&mut self) -> Option<&mut dyn DirectPath> {
+        Some(self)
+    }
+
+    fn alloc_memory(
+        &mut self,
+        len: usize,
+        kind: MemKind,
+    ) -> Option<Result<Arc<dyn DriverMemory>, DriverError>> {
+        if kind != MemKind::Host {
+            return None;
+        }
         Some(match ShmAlloc::new(len) {
             Ok(alloc) => {
                 let alloc = Arc::new(alloc);
@@ -980,5 +966,46 @@ impl Driver for Shm {
                 format!("memfd allocation of {len} bytes: {e}"),
             )),
         })
+    }
+}
+
+// The run path: every PUT and GET finishes inside the call.
+#[allow(unsafe_code)]
+impl DirectPath for Shm {
+    unsafe fn execute(
+        &mut self,
+        ep: DriverEp,
+        ops: &[Op],
+        results: &mut [Result<u32, Status>],
+    ) -> usize {
+        match self.execute_hot(ep, ops, results) {
+            Some(ran) => ran,
+            None => self.execute_full(ep, ops, results),
+        }
+    }
+
+    fn prefetch(&mut self, ep: DriverEp, rkey: DriverRkey, addr: u64, write: bool) {
+        if let Some(hot) = self.hot.as_ref().filter(|h| h.ep == ep.0 && h.rkey == rkey) {
+            hot.prefetch(addr, write);
+        }
+    }
+
+    unsafe fn execute_one(&mut self, ep: DriverEp, op: &Op) -> Option<Result<u32, Status>> {
+        if let Some(hot) = &self.hot {
+            if let Some((rkey, addr)) = op.remote {
+                // Acquire on `dead`: as in `execute_hot`.
+                if hot.ep == ep.0
+                    && rkey == hot.rkey
+                    && op.lane < hot.lanes
+                    && !hot.liveness.dead.load(Ordering::Acquire)
+                {
+                    if let Some(result) = hot.access(op, addr) {
+                        return Some(result);
+                    }
+                }
+            }
+        }
+        let mut result = [Ok(0)];
+        (self.execute_full(ep, std::slice::from_ref(op), &mut result) > 0).then_some(result[0])
     }
 }

@@ -1,0 +1,529 @@
+//! The boundary between the engine and the transports.
+//!
+//! A driver moves bytes; the engine decides what, when, and in which order.
+//! Drivers never call back into the engine: [`Driver::post`] and
+//! [`Driver::flush`] return [`Posted::Done`] (finished, with its result),
+//! [`Posted::InFlight`] (its completion will come out of [`Driver::poll`]
+//! as a [`Completion`] carrying the same [`Token`]), or
+//! [`Posted::NoResource`] (nothing was done; try again later). That
+//! tri-state is what keeps a synchronously completing flush from re-entering
+//! the engine (FENCE.md R25, W1).
+//!
+//! The seam is shaped for asynchronous drivers (a NIC that writes memory
+//! long after `post` returned, a TCP acknowledgement, a CUDA event);
+//! synchronous ones (loopback, shm) are the special case:
+//!
+//! - **One doorbell per round.** The engine calls [`Driver::commit`] once
+//!   at the end of every progress round, after that round's posts and
+//!   flushes; a driver may hold them back until then and submit them
+//!   together (one `io_uring_enter`, one chained `ibv_post_send`, one batch
+//!   of stream launches).
+//! - **Waking.** [`Driver::wake_fd`] is a descriptor that becomes readable
+//!   when the driver has completions or incoming work; the core thread
+//!   sleeps on it and on the SQ doorbell at once.
+//! - **Asynchronous connect.** [`Driver::connect`] returns at once; a
+//!   connection that needs a handshake completes through [`Driver::poll`]
+//!   with the token it was given.
+//! - **Quiesce before free.** [`Driver::quiesce`] returns only when nothing
+//!   the driver started can access the memory in question any more; the
+//!   engine calls it before memory is freed (deregistration, teardown).
+//! - **Memory kinds.** A driver registers only the [`MemKind`]s its
+//!   [`Capabilities::mem_kinds`] lists; device memory never reaches a
+//!   host-only driver.
+//! - **The direct path is an extension.** A driver that finishes
+//!   operations inside the call may offer [`DirectPath`] through
+//!   [`Driver::direct`]; the engine uses it only when offered.
+
+// The trait declares the unsafe data-path contract (`post`); no unsafe
+// code runs here.
+#![allow(unsafe_code)]
+
+mod direct;
+
+pub use direct::DirectPath;
+
+use crate::NotifyPool;
+use crate::memory::MemKind;
+use ringfence_ring::{AtomicOp, Status};
+use std::fmt;
+use std::os::fd::BorrowedFd;
+use std::sync::Arc;
+
+/// A set of lanes of one endpoint: bit `i` is lane `i`.
+pub type LaneMask = u64;
+
+/// The most lanes an endpoint can have (one bit of a [`LaneMask`] each).
+pub const MAX_LANES: u8 = 64;
+
+/// What a driver can do. [`Capabilities::new`] claims nothing beyond the
+/// limits it is given: a driver sets each field it supports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// Operations posted on one lane take effect at the target in posting
+    /// order (RC QP, TCP stream, shm FIFO, one CUDA stream).
+    pub ordered_lanes: bool,
+    /// The driver executes ATOMIC operations.
+    pub atomics: bool,
+    /// The driver executes GET.
+    pub get: bool,
+    /// The driver delivers NOTIFY payloads.
+    pub notify: bool,
+    /// Memory kinds it can register.
+    pub mem_kinds: &'static [MemKind],
+    /// Most lanes per endpoint, `1..=64`.
+    pub max_lanes: u8,
+    /// Largest single PUT/GET/NOTIFY in bytes, at least 1.
+    pub max_len: u32,
+}
+
+impl Capabilities {
+    /// `max_lanes` lanes per endpoint and operations of up to `max_len`
+    /// bytes, and nothing else: lanes unordered, no atomics, GET or NOTIFY,
+    /// no memory kind. The driver sets what it supports.
+    pub const fn new(max_lanes: u8, max_len: u32) -> Self {
+        Capabilities {
+            ordered_lanes: false,
+            atomics: false,
+            get: false,
+            notify: false,
+            mem_kinds: &[],
+            max_lanes,
+            max_len,
+        }
+    }
+
+    /// Every operation (GET, atomics, NOTIFY) on ordered lanes over host
+    /// memory: what a complete host transport claims.
+    pub const fn host_rma(max_lanes: u8, max_len: u32) -> Self {
+        Capabilities {
+            ordered_lanes: true,
+            atomics: true,
+            get: true,
+            notify: true,
+            mem_kinds: &[MemKind::Host],
+            max_lanes,
+            max_len,
+        }
+    }
+
+    /// Why these capabilities cannot be used, if they cannot: lanes
+    /// outside `1..=64` or a zero `max_len`.
+    pub fn invalid(&self) -> Option<&'static str> {
+        if self.max_lanes == 0 || self.max_lanes > MAX_LANES {
+            Some("max_lanes must be 1..=64")
+        } else if self.max_len == 0 {
+            Some("max_len must be at least 1")
+        } else {
+            None
+        }
+    }
+
+    /// Whether memory of `kind` can be registered.
+    pub fn supports_mem_kind(&self, kind: MemKind) -> bool {
+        self.mem_kinds.contains(&kind)
+    }
+}
+
+/// Identifies one posted operation or flush in the driver's completions.
+/// Opaque to the driver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Token(pub u64);
+
+impl Token {
+    /// Names nothing in flight: a completion that carries it is counted as
+    /// stray. For drivers that run an operation through their own `post`
+    /// from [`DirectPath::execute`].
+    pub const NONE: Token = Token(u64::MAX);
+}
+
+/// What [`Driver::connect`] started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub enum Connect {
+    /// The connection is up already (no handshake, or it finished inside
+    /// the call). No completion follows.
+    Done(DriverEp),
+    /// The handshake goes on: its outcome comes out of [`Driver::poll`]
+    /// exactly once, as a [`Completion`] with the token given to
+    /// `connect` (`Ok(_)`: up; `Err(status)`: failed, and the handle is
+    /// dead). Until then the handle is valid for `unpack_rkey` and
+    /// `disconnect`, never for `post` or `flush`.
+    InFlight(DriverEp),
+}
+
+/// What [`Driver::quiesce`] must make safe to free.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Quiesce {
+    /// One registration, already withdrawn with [`Driver::deregister`].
+    Memory(DriverMemKey),
+    /// Everything: the worker is going away and every connection was
+    /// released with [`Driver::disconnect`].
+    All,
+}
+
+/// The outcome of a post or a flush.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub enum Posted {
+    /// Finished already: `Ok(bytes)` or the failure. No completion follows.
+    Done(Result<u32, Status>),
+    /// Its completion will be returned by [`Driver::poll`], exactly once.
+    InFlight,
+    /// Nothing was done: the lane or the peer has no room. Post it again
+    /// later; no completion follows.
+    NoResource,
+}
+
+/// A finished operation or flush, returned by [`Driver::poll`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Completion {
+    /// The token given to `post` or `flush`.
+    pub token: Token,
+    /// `Ok(bytes)` or the failure.
+    pub result: Result<u32, Status>,
+}
+
+/// Moves completions from `queue` into `out`; returns how many. For
+/// drivers that keep completions produced outside `poll` (disconnect).
+pub fn drain_completions(
+    queue: &mut std::collections::VecDeque<Completion>,
+    out: &mut [Completion],
+) -> usize {
+    let n = queue.len().min(out.len());
+    for (slot, c) in out.iter_mut().zip(queue.drain(..n)) {
+        *slot = c;
+    }
+    n
+}
+
+impl Default for Completion {
+    fn default() -> Self {
+        Completion {
+            token: Token(0),
+            result: Ok(0),
+        }
+    }
+}
+
+/// A driver's handle for a connection to one peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DriverEp(pub u32);
+
+/// A driver's handle for a local registration. Registration with a driver
+/// that does not support the memory's kind yields none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DriverMemKey(pub u64);
+
+/// A driver's handle for an unpacked remote key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DriverRkey(pub u32);
+
+/// Memory to register with a driver.
+#[derive(Debug, Clone, Copy)]
+pub struct MemDesc {
+    /// Start address.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// What memory it is.
+    pub kind: MemKind,
+    /// The random secret a remote access must present.
+    pub secret: u64,
+}
+
+/// What an operation does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpKind {
+    /// Local to remote.
+    Put,
+    /// Remote to local.
+    Get,
+    /// An 8-byte atomic on remote memory.
+    Atomic(AtomicOp),
+    /// A payload for the peer's notification buffers; `operand` is its tag.
+    Notify,
+}
+
+/// One validated operation, as handed to [`Driver::post`].
+///
+/// The engine has checked the local range against the local registration and
+/// the remote range against the bounds in the remote key; the driver's
+/// target side still checks the key's secret and bounds itself, because the
+/// key blob came from the wire. Whoever posts an `Op` vouches for its local
+/// range (see the `# Safety` of [`Driver::post`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Op {
+    /// What to do.
+    pub kind: OpKind,
+    /// The lane to use, below the endpoint's lane count.
+    pub lane: u8,
+    /// Local address (PUT source, GET destination, fetched value, NOTIFY
+    /// payload); unused by a non-fetching atomic.
+    pub local_addr: u64,
+    /// The driver's key for the local registration, if any.
+    pub local_key: Option<DriverMemKey>,
+    /// Remote key and address (PUT, GET, ATOMIC).
+    pub remote: Option<(DriverRkey, u64)>,
+    /// Bytes (8 for atomics).
+    pub len: u32,
+    /// Atomic operand, or the NOTIFY tag.
+    pub operand: u64,
+    /// Second atomic operand (CSWAP's swap value).
+    pub operand2: u64,
+    /// A transport fence: this operation must take effect after everything
+    /// posted earlier on its lane (a weak fence, FENCE.md R8; the fence
+    /// indicator of an RC work request).
+    pub fence: bool,
+}
+
+/// What the engine gives a driver when the worker is built.
+#[derive(Debug, Clone)]
+pub struct DriverContext {
+    /// Where incoming notifications go: the driver copies each payload into a
+    /// buffer it claims from this pool.
+    pub notify: Arc<NotifyPool>,
+}
+
+/// Memory a driver allocated for [`Worker::alloc_registered`](crate::Worker::alloc_registered)
+/// (see [`Driver::alloc_memory`]): for example a sealed memfd mapping that
+/// peers can map too. The worker keeps it alive while the registration or
+/// any [`RegisteredBuf`](crate::RegisteredBuf) handle to it lives, and reads
+/// and writes it only through raw copies and atomics.
+///
+/// # Safety
+/// Implementors guarantee, for as long as the object lives:
+/// - for host memory ([`MemKind::Host`]), `[addr(), addr() + len())` is
+///   mapped, readable and writable memory of this process; for a device
+///   kind it is the device's range (the worker never dereferences it);
+///   neither value ever changes;
+/// - `addr()` is 64-byte aligned and `len()` is at least the length asked
+///   for in `alloc_memory`;
+/// - the bytes were zero when the object was handed out;
+/// - [`kind`](DriverMemory::kind) is the kind `alloc_memory` was asked for.
+#[allow(unsafe_code)]
+pub unsafe trait DriverMemory: Send + Sync + fmt::Debug {
+    /// The start address.
+    fn addr(&self) -> u64;
+    /// The length in bytes.
+    fn len(&self) -> usize;
+    /// What memory it is.
+    fn kind(&self) -> MemKind {
+        MemKind::Host
+    }
+    /// Whether the length is zero (never, for memory handed to a worker).
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A driver failure outside the data path (connect, register, keys).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DriverError {
+    /// The status a caller sees.
+    pub status: Status,
+    /// What went wrong, for people.
+    pub detail: String,
+}
+
+impl DriverError {
+    /// A failure with `status` and a description.
+    pub fn new(status: Status, detail: impl Into<String>) -> Self {
+        DriverError {
+            status,
+            detail: detail.into(),
+        }
+    }
+}
+
+impl fmt::Display for DriverError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({})", self.detail, self.status)
+    }
+}
+
+impl std::error::Error for DriverError {}
+
+/// A transport: shared memory, TCP, RDMA verbs, CUDA, or the built-in
+/// loopback.
+///
+/// Every method runs on the thread that runs the worker's progress (or that
+/// builds, connects or registers, under the same lock); none blocks on the
+/// network (`quiesce` may wait for the local device, never for a peer).
+/// Data-path methods (`post`, `flush`, `commit`, `poll`) must not allocate.
+///
+/// Wrappers (the test kit's `FaultInjector`) forward every method: a test
+/// checks that each one overrides them all.
+pub trait Driver: Send + fmt::Debug + 'static {
+    /// A short, unique name (`"loopback"`, `"shm"`, …); it tags this
+    /// driver's part of a worker address.
+    fn name(&self) -> &'static str;
+
+    /// What the driver can do.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Called once when the worker is built, before anything else.
+    fn attach(&mut self, ctx: DriverContext);
+
+    /// This driver's part of the worker address: what a peer's driver of the
+    /// same name needs to connect.
+    fn address(&self) -> Vec<u8>;
+
+    /// Starts connecting to a peer from its address part, with `lanes`
+    /// lanes, and returns at once: [`Connect::Done`] if the connection is
+    /// up, [`Connect::InFlight`] if a handshake goes on, whose outcome
+    /// [`poll`](Driver::poll) reports with `token`. Must not wait for the
+    /// peer (the engine lock is held); it may make system calls.
+    ///
+    /// # Errors
+    /// The address is malformed, or the peer is known unreachable at once.
+    fn connect(&mut self, peer: &[u8], lanes: u8, token: Token) -> Result<Connect, DriverError>;
+
+    /// Releases a connection (up or still connecting). Operations and
+    /// flushes still in flight on it complete (with an error if they cannot
+    /// finish) through `poll`; so does a pending connect.
+    fn disconnect(&mut self, ep: DriverEp);
+
+    /// Registers memory for local use and remote access. Called only for
+    /// kinds in [`Capabilities::mem_kinds`].
+    ///
+    /// # Errors
+    /// A resource ran out, or the driver refuses this memory.
+    fn register(&mut self, mem: &MemDesc) -> Result<DriverMemKey, DriverError>;
+
+    /// Withdraws a registration: no remote access that starts after this
+    /// returns succeeds. Accesses already started may still run until
+    /// [`quiesce`](Driver::quiesce) returns.
+    fn deregister(&mut self, key: DriverMemKey);
+
+    /// The blob a peer needs to access a registration remotely.
+    ///
+    /// # Errors
+    /// The key is unknown.
+    fn pack_rkey(&self, key: DriverMemKey) -> Result<Vec<u8>, DriverError>;
+
+    /// Turns a peer's blob into a handle usable on `ep`.
+    ///
+    /// # Errors
+    /// The blob is malformed, or names another peer.
+    fn unpack_rkey(&mut self, ep: DriverEp, blob: &[u8]) -> Result<DriverRkey, DriverError>;
+
+    /// Starts one operation on `ep` (a connection that is up). Returns
+    /// [`Posted::Done`] if it finished inside the call, [`Posted::InFlight`]
+    /// if its completion will come out of `poll` with `token`, or
+    /// [`Posted::NoResource`] if nothing was done. The driver may hold an
+    /// in-flight operation back until [`commit`](Driver::commit). Must not
+    /// allocate or block.
+    ///
+    /// # Safety
+    /// The caller (the engine) guarantees, for an operation that reads or
+    /// writes local memory (a PUT's source, a GET's destination, a fetching
+    /// atomic's result word, a NOTIFY's payload):
+    /// - `[op.local_addr, op.local_addr + op.len)` lies inside memory
+    ///   registered with this driver (as `op.local_key`, when the driver
+    ///   registered it) or, for a NOTIFY, inside memory the caller owns;
+    /// - that memory stays allocated and registered until this operation's
+    ///   completion is returned (by this call or by `poll`), or until
+    ///   [`quiesce`](Driver::quiesce) returns, whichever comes first.
+    unsafe fn post(&mut self, ep: DriverEp, op: &Op, token: Token) -> Posted;
+
+    /// Starts a flush of `lanes` of `ep`: it completes when every operation
+    /// posted on those lanes before it is remotely complete. An empty mask
+    /// completes at once. It may be held back until
+    /// [`commit`](Driver::commit), behind the posts it covers. Must not
+    /// allocate or block.
+    fn flush(&mut self, ep: DriverEp, lanes: LaneMask, token: Token) -> Posted;
+
+    /// The end of a progress round: everything posted and flushed since the
+    /// last call goes to the transport now, together (one `io_uring_enter`,
+    /// one chained `ibv_post_send`, one batch of stream launches). Called
+    /// once per round, also when nothing was posted (then it should cost
+    /// nothing). What a driver may hold back until here: the submission of
+    /// in-flight posts and flushes. What it may not: completions (a
+    /// `Posted::Done` operation is finished when `post` returns), and
+    /// control calls (connect, register), which act at once. The default
+    /// does nothing: drivers that start work inside `post` need no
+    /// doorbell.
+    fn commit(&mut self) {}
+
+    /// Fills `out` with finished operations, flushes and connects; returns
+    /// how many. Never blocks. The engine may stop calling it for a round
+    /// while it keeps returning full batches; what is left comes next
+    /// round.
+    fn poll(&mut self, out: &mut [Completion]) -> usize;
+
+    /// A descriptor that becomes readable when this driver has something
+    /// for `poll` (completions, a finished connect) or incoming work it
+    /// must progress (a peer's operation to execute): an io_uring CQ
+    /// eventfd, an `ibv_comp_channel`, an eventfd a CUDA host callback
+    /// signals. The core thread sleeps on every driver's descriptor and the
+    /// SQ doorbell at once (epoll, level-triggered), so the contract that
+    /// keeps it from missing a wake-up is: whenever `poll` has returned
+    /// fewer completions than it was given room for, anything new that
+    /// arrives afterwards makes the descriptor readable, and it stays
+    /// readable until a later `poll` (which is where the driver clears it).
+    /// It stays open, and the same descriptor, while the driver lives.
+    /// `None` (the default): the driver has nothing that arrives on its
+    /// own; everything it completes, it completes inside a call.
+    fn wake_fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
+
+    /// Returns only when nothing this driver started can read or write the
+    /// memory of `scope` any more: in-flight operations that use it are
+    /// finished or canceled (their completions still come out of `poll`),
+    /// incoming operations that target it are finished or refused, and
+    /// device work that touches it is done. The engine calls it after
+    /// [`deregister`](Driver::deregister) and before freeing the memory,
+    /// and at teardown after every [`disconnect`](Driver::disconnect) and
+    /// before any memory is freed. It may wait for the local device (a
+    /// stream synchronize, a cancel's completion) but never for a peer. The
+    /// default does nothing: right for drivers that finish every access
+    /// inside the call that started it.
+    fn quiesce(&mut self, scope: Quiesce) {
+        let _ = scope;
+    }
+
+    /// The synchronous fast path, if this driver offers it: runs of PUTs
+    /// and GETs finished inside one call, and a prefetch hint. The engine
+    /// asks once, when the worker is built, and uses it only if offered.
+    /// `None` (the default) for drivers whose operations complete later.
+    fn direct(&mut self) -> Option<&mut dyn DirectPath> {
+        None
+    }
+
+    /// Allocates `len` bytes of memory of `kind` that this driver can register
+    /// without copying (for example a sealed memfd that a peer maps), for
+    /// [`Worker::alloc_registered`](crate::Worker::alloc_registered). The
+    /// worker asks its drivers in order and uses the first `Some`; `None`
+    /// (the default) means "no preference": the worker allocates from the
+    /// heap. Control path: may allocate and make system calls.
+    ///
+    /// # Errors
+    /// `Some(Err(..))` when this driver wants to provide the memory but
+    /// cannot (out of memory, a failed system call); the worker reports it.
+    fn alloc_memory(
+        &mut self,
+        len: usize,
+        kind: MemKind,
+    ) -> Option<Result<Arc<dyn DriverMemory>, DriverError>> {
+        let _ = (len, kind);
+        None
+    }
+
+    /// Whether `lane` of `ep` orders operations once fenced (an [`Op::fence`]
+    /// flag suffices), so a weak fence may use it (FENCE.md R8, R9).
+    fn lane_ordered(&self, ep: DriverEp, lane: u8) -> bool {
+        let _ = (ep, lane);
+        self.capabilities().ordered_lanes
+    }
+
+    /// The generation of `lane` of `ep`: bumped whenever the transport
+    /// channel behind it is replaced (FENCE.md R38). Operations in flight on
+    /// an old generation complete through `poll` (with an error if they
+    /// were lost).
+    fn lane_generation(&self, ep: DriverEp, lane: u8) -> u32 {
+        let _ = (ep, lane);
+        0
+    }
+}
