@@ -117,9 +117,13 @@ pub(crate) const STRONG_ARMED: u8 = 1 << 1;
 /// FIFO order (R18) and nothing is started or flushed until it has; a
 /// failed handshake fails the endpoint (R20, R32).
 pub(crate) const CONNECTING: u8 = 1 << 2;
+/// In `flags`: the endpoint has lanes on several drivers (its lane groups
+/// are in `EndpointCold::groups`); `driver` and `driver_ep` name the first
+/// group's.
+pub(crate) const MIXED: u8 = 1 << 3;
 /// `flags` that keep the direct path off: a boundary or a handshake is
-/// pending.
-pub(crate) const NOT_DIRECT: u8 = STRONG_ARMED | CONNECTING;
+/// pending, or lanes are on several drivers.
+pub(crate) const NOT_DIRECT: u8 = STRONG_ARMED | CONNECTING | MIXED;
 
 /// No weak admission.
 pub(crate) const NO_LANE: u8 = 0xff;
@@ -242,11 +246,73 @@ impl Endpoint {
     }
 }
 
+/// Consecutive lanes of an endpoint on one driver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LaneGroup {
+    /// Index of the driver in the worker.
+    pub driver: u8,
+    /// The driver's handle of this connection.
+    pub driver_ep: u32,
+    /// The endpoint's lane number of the group's lane 0.
+    pub first: u8,
+    /// Lanes in the group, `1..=64`.
+    pub lanes: u8,
+}
+
+impl LaneGroup {
+    /// The endpoint lanes of this group.
+    pub(crate) fn mask(&self) -> LaneMask {
+        let ones = if self.lanes >= 64 {
+            u64::MAX
+        } else {
+            (1u64 << self.lanes) - 1
+        };
+        ones << self.first
+    }
+}
+
+/// A flush that an endpoint with lanes on several drivers splits into one
+/// driver flush per group: it completes when every part has.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct FlushParts {
+    /// Endpoint lanes whose driver has not accepted its part yet (it had
+    /// no room): retried from dispatch.
+    pub remaining: LaneMask,
+    /// Parts in flight at their drivers.
+    pub pending: u32,
+    /// The first part's failure.
+    pub error: Option<Status>,
+}
+
+impl FlushParts {
+    /// Whether every part has been accepted and has completed.
+    pub(crate) fn is_done(&self) -> bool {
+        self.remaining == 0 && self.pending == 0
+    }
+
+    /// The flush's result once done.
+    pub(crate) fn result(&self) -> Result<u32, Status> {
+        self.error.map_or(Ok(0), Err)
+    }
+}
+
 /// The cold part of an endpoint: touched on fence boundaries, not per
 /// operation.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct EndpointCold {
     pub stats: Stats,
+    /// The lane groups: one per driver the endpoint has lanes on, in lane
+    /// order (one group covering every lane for most endpoints).
+    pub groups: Vec<LaneGroup>,
+    /// Driver handshakes not finished yet (the endpoint is `CONNECTING`
+    /// while this is non-zero).
+    pub pending_connects: u8,
+    /// The parts of the in-flight fence flush (endpoints with several lane
+    /// groups only; valid while `Endpoint::flushing != 0`).
+    pub fence_parts: FlushParts,
+    /// The parts of in-flight user FLUSHes and CLOSEs, by request id
+    /// (endpoints with several lane groups only).
+    pub user_flushes: Vec<(u32, FlushParts)>,
     /// Per lane: the generation it had when it became dirty (R38).
     pub dirty_generation: Vec<u32>,
     /// Per lane: the generation it had when the in-flight fence flush
@@ -255,12 +321,25 @@ pub(crate) struct EndpointCold {
 }
 
 impl EndpointCold {
-    pub(crate) fn new(lanes: u8) -> EndpointCold {
+    pub(crate) fn new(groups: Vec<LaneGroup>, pending_connects: u8) -> EndpointCold {
+        let lanes = groups.iter().map(|g| g.lanes).sum::<u8>();
         EndpointCold {
             stats: Stats::default(),
+            user_flushes: Vec::with_capacity(if groups.len() > 1 { 8 } else { 0 }),
+            groups,
+            pending_connects,
+            fence_parts: FlushParts::default(),
             dirty_generation: vec![0; lanes as usize],
             flush_generation: vec![0; lanes as usize],
         }
+    }
+
+    /// The group that holds endpoint lane `lane`, and its index.
+    pub(crate) fn group_of(&self, lane: u8) -> Option<(usize, &LaneGroup)> {
+        self.groups
+            .iter()
+            .enumerate()
+            .find(|(_, g)| lane >= g.first && lane - g.first < g.lanes)
     }
 }
 

@@ -131,6 +131,8 @@ struct RemoteKey {
 /// The loopback driver. See the module docs.
 #[derive(Debug)]
 pub struct Loopback {
+    name: &'static str,
+    mem_kinds: &'static [MemKind],
     mode: CompletionMode,
     node: Arc<Node>,
     conns: Vec<Option<Conn>>,
@@ -161,6 +163,8 @@ impl Loopback {
             .unwrap_or_else(|e| e.into_inner())
             .insert(node.id, Arc::downgrade(&node));
         Loopback {
+            name: "loopback",
+            mem_kinds: &[MemKind::Host],
             mode,
             node,
             conns: Vec::new(),
@@ -169,6 +173,24 @@ impl Loopback {
             ready: VecDeque::new(),
             rotation: 0,
         }
+    }
+
+    /// This driver under another name (`"loopback"` by default), for a
+    /// worker with two loopback drivers: an endpoint with lanes on both, as
+    /// one would have over shm and CUDA. Peers connect driver to driver by
+    /// name, so the target needs a driver of the same name too.
+    pub fn named(mut self, name: &'static str) -> Loopback {
+        self.name = name;
+        self
+    }
+
+    /// Claims to register memory of `kinds` (host memory only by
+    /// default), for tests that stand in for a device driver: memory
+    /// registered as, say, [`MemKind::Cuda`] must still be host memory,
+    /// since this driver copies with the CPU.
+    pub fn with_mem_kinds(mut self, kinds: &'static [MemKind]) -> Loopback {
+        self.mem_kinds = kinds;
+        self
     }
 
     fn conn(&mut self, ep: DriverEp) -> Option<&mut Conn> {
@@ -254,11 +276,13 @@ fn err(status: Status, detail: &str) -> DriverError {
 
 impl Driver for Loopback {
     fn name(&self) -> &'static str {
-        "loopback"
+        self.name
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::host_rma(crate::driver::MAX_LANES, 1 << 30)
+        let mut caps = Capabilities::host_rma(crate::driver::MAX_LANES, 1 << 30);
+        caps.mem_kinds = self.mem_kinds;
+        caps
     }
 
     fn attach(&mut self, ctx: DriverContext) {
@@ -321,10 +345,10 @@ impl Driver for Loopback {
     }
 
     fn register(&mut self, mem: &MemDesc) -> Result<DriverMemKey, DriverError> {
-        if mem.kind != MemKind::Host {
+        if !self.mem_kinds.contains(&mem.kind) {
             return Err(err(
                 Status::Unsupported,
-                "loopback registers host memory only",
+                "loopback registers host memory only (unless told otherwise)",
             ));
         }
         let region = self.next_region;

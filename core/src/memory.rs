@@ -191,10 +191,16 @@ pub(crate) fn within(base: u64, size: u64, addr: u64, len: u64) -> bool {
 pub(crate) struct Rkey {
     /// The endpoint it was unpacked for.
     pub endpoint: u32,
-    pub driver: DriverRkey,
+    /// The driver's key for each lane group of the endpoint (one group
+    /// unless the endpoint has lanes on several drivers); `None` where the
+    /// blob had no part for that group's driver.
+    pub parts: [Option<DriverRkey>; MAX_GROUPS],
     pub base: u64,
     pub len: u64,
 }
+
+/// The most drivers one endpoint can have lanes on.
+pub(crate) const MAX_GROUPS: usize = 4;
 
 /// Unpacked remote keys.
 #[derive(Debug, Default)]
@@ -374,7 +380,7 @@ mod tests {
         let id = t
             .insert(Rkey {
                 endpoint: 3,
-                driver: DriverRkey(0),
+                parts: [Some(DriverRkey(0)), None, None, None],
                 base: 0,
                 len: 8,
             })

@@ -146,6 +146,33 @@
 #define RF_CQ_OVERFLOW 1
 
 /**
+ * `rf_ep_state`: the driver's handshake goes on; SQEs queue in order and
+ * start when it is up.
+ */
+#define RF_EP_CONNECTING 0
+
+/**
+ * `rf_ep_state`: up; operations start.
+ */
+#define RF_EP_CONNECTED 1
+
+/**
+ * `rf_ep_state`: a graceful close is queued; new SQEs fail.
+ */
+#define RF_EP_CLOSING 2
+
+/**
+ * `rf_ep_state`: failed; `*error` holds the sticky first error, which
+ * every operation on it completes with.
+ */
+#define RF_EP_FAILED 3
+
+/**
+ * `rf_ep_state`: closed; every SQE fails with `RF_EENDPOINT_CLOSED`.
+ */
+#define RF_EP_CLOSED 4
+
+/**
  * The operation was canceled before it ran.
  */
 #define RF_ECANCELED -1
@@ -816,16 +843,35 @@ int rf_worker_address(rf_worker_t worker, void *buf, size_t cap, size_t *len);
  * Connects to the peer whose address (from its `rf_worker_address`) is
  * the `len` bytes at `addr`; stores the endpoint id for SQEs in `*ep`.
  *
+ * Never blocks on the peer: the endpoint is usable at once. A driver that
+ * needs a handshake (tcp, verbs) finishes it through progress; SQEs
+ * submitted meanwhile queue in order and start once it is up, or each
+ * completes with the handshake's error. `rf_ep_state` tells where it is.
+ *
  * Returns 0; `RF_EINVALID_ARGUMENT` for NULL pointers or a malformed
  * address; `RF_EINVALID_LENGTH` for a zero `len` or one over
  * `RF_MAX_BLOB`; `RF_EPEER_UNREACHABLE` if no driver is shared or the peer
- * does not answer; `RF_ESTALE_HANDLE`.
+ * is known unreachable at once; `RF_ESTALE_HANDLE`.
  *
  * # Safety
  * - `addr` is NULL or points to `len` readable bytes.
  * - `ep` is NULL or points to a writable `uint32_t`.
  */
 int rf_ep_connect(rf_worker_t worker, const void *addr, size_t len, uint32_t *ep);
+
+/**
+ * Where endpoint `ep` is: `RF_EP_CONNECTING`, `RF_EP_CONNECTED`,
+ * `RF_EP_CLOSING`, `RF_EP_FAILED` (its sticky first error, a negative
+ * `rf_status`, is stored in `*error` when `error` is not NULL) or
+ * `RF_EP_CLOSED`. A snapshot: progress may change it at any time.
+ *
+ * Returns the state (non-negative); `RF_EINVALID_ENDPOINT` for an id
+ * `rf_ep_connect` did not hand out; `RF_ESTALE_HANDLE`.
+ *
+ * # Safety
+ * - `error` is NULL or points to a writable `int`.
+ */
+int rf_ep_state(rf_worker_t worker, uint32_t ep, int *error);
 
 /**
  * One bounded round of progress on the caller's thread: drains the rings'

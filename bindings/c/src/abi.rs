@@ -245,6 +245,19 @@ pub const RF_CQ_NEED_WAKEUP: u32 = 1;
 /// it takes no SQEs from this ring until they are reaped.
 pub const RF_CQ_OVERFLOW: u32 = 1;
 
+/// `rf_ep_state`: the driver's handshake goes on; SQEs queue in order and
+/// start when it is up.
+pub const RF_EP_CONNECTING: i32 = 0;
+/// `rf_ep_state`: up; operations start.
+pub const RF_EP_CONNECTED: i32 = 1;
+/// `rf_ep_state`: a graceful close is queued; new SQEs fail.
+pub const RF_EP_CLOSING: i32 = 2;
+/// `rf_ep_state`: failed; `*error` holds the sticky first error, which
+/// every operation on it completes with.
+pub const RF_EP_FAILED: i32 = 3;
+/// `rf_ep_state`: closed; every SQE fails with `RF_EENDPOINT_CLOSED`.
+pub const RF_EP_CLOSED: i32 = 4;
+
 const_assert_eq!(RF_OP_NOP, Opcode::NOP.as_raw());
 const_assert_eq!(RF_OP_PUT, Opcode::PUT.as_raw());
 const_assert_eq!(RF_OP_GET, Opcode::GET.as_raw());

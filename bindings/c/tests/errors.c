@@ -165,7 +165,14 @@ static void address_and_connect(void)
     CHECK_RC(rf_ep_connect(w, garbage, sizeof garbage, &ep), RF_EINVALID_ARGUMENT);
     CHECK(ep == 0);
     CHECK_RC(rf_ep_connect(w, addr, len, &ep), 0); /* to itself */
+    /* Loopback needs no handshake: connected at once. */
+    int error = 0;
+    CHECK_RC(rf_ep_state(w, ep, &error), RF_EP_CONNECTED);
+    CHECK_RC(rf_ep_state(w, ep, NULL), RF_EP_CONNECTED);
+    CHECK_RC(rf_ep_state(w, ep + 1000, &error), RF_EINVALID_ENDPOINT);
+    CHECK(error == 0);
     CHECK_RC(rf_worker_destroy(w), 0);
+    CHECK_RC(rf_ep_state(w, ep, &error), RF_ESTALE_HANDLE);
 }
 
 static void memory_registration(void)

@@ -32,14 +32,25 @@ impl Engine {
         }
         if c.token.0 & FENCE_TOKEN != 0 {
             let e = (c.token.0 & !FENCE_TOKEN) as usize;
-            let Some(ep) = self.endpoints.get_mut(e).filter(|ep| ep.flushing != 0) else {
+            let Some(ep) = self.endpoints.get(e).filter(|ep| ep.flushing != 0) else {
                 self.stray_completions += 1;
                 return;
             };
+            let result = if ep.has(MIXED) {
+                match self.part_done(e, None, c.result) {
+                    Part::Done(result) => result,
+                    Part::Waiting => return,
+                    Part::Stray => {
+                        self.stray_completions += 1;
+                        return;
+                    }
+                }
+            } else {
+                c.result
+            };
             // Only the flushed subset leaves D: `dirty` already holds just
             // the lanes written since the flush started (R17, W2).
-            let _ = ep;
-            self.fence_flush_done(e, c.result);
+            self.fence_flush_done(e, result);
             return;
         }
         let id = RequestId(c.token.0 as u32);
@@ -53,9 +64,23 @@ impl Engine {
             self.stray_completions += 1;
             return;
         }
-        let e = self.request(id).endpoint as usize;
+        let request = *self.request(id);
+        let e = request.endpoint as usize;
+        let mut result = c.result;
+        if self.endpoints[e].has(MIXED) && matches!(request.opcode(), Opcode::FLUSH | Opcode::CLOSE)
+        {
+            // One part of a flush split over the endpoint's drivers.
+            match self.part_done(e, Some(id.0), c.result) {
+                Part::Done(all) => result = all,
+                Part::Waiting => return,
+                Part::Stray => {
+                    self.stray_completions += 1;
+                    return;
+                }
+            }
+        }
         self.endpoints[e].inflight -= 1;
-        self.finish(id, e, c.result);
+        self.finish(id, e, result);
     }
 
     /// Completes a request that finished and applies what its result means
@@ -91,6 +116,9 @@ impl Engine {
         ep.flushing = 0;
         ep.weak_lane = NO_LANE;
         ep.set(CONNECTING, false);
+        if ep.has(MIXED) {
+            self.abandon_parts(e, status);
+        }
         while let Some(id) = self.pop_head(e) {
             if self.request(id).opcode() == Opcode::CLOSE {
                 // R34: the close of a failed endpoint succeeds.
@@ -101,6 +129,30 @@ impl Engine {
         }
         if closing {
             self.close_now(e);
+        }
+    }
+
+    /// Endpoint `e` (one with lanes on several drivers) failed with
+    /// `status`: flush parts that no driver took yet never will be. A user
+    /// flush with no part left at a driver completes now, with the error;
+    /// one with parts still out completes when they come back (its drivers
+    /// return them, with an error, after `disconnect`). The fence flush's
+    /// slot was cleared by the failure (R33).
+    fn abandon_parts(&mut self, e: usize, status: Status) {
+        self.cold[e].fence_parts = FlushParts::default();
+        let mut i = 0;
+        while i < self.cold[e].user_flushes.len() {
+            let (id, parts) = &mut self.cold[e].user_flushes[i];
+            parts.remaining = 0;
+            parts.error.get_or_insert(status);
+            if parts.pending > 0 {
+                i += 1;
+                continue;
+            }
+            let (id, result) = (RequestId(*id), parts.result());
+            self.cold[e].user_flushes.swap_remove(i);
+            self.endpoints[e].inflight -= 1;
+            self.finish(id, e, result);
         }
     }
 }

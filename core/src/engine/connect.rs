@@ -1,40 +1,69 @@
-//! Connecting endpoints: the driver runs the handshake; the engine queues
-//! what is submitted meanwhile and starts it once the endpoint is up.
+//! Connecting endpoints: the drivers run their handshakes; the engine
+//! queues what is submitted meanwhile and starts it once the endpoint is up.
 
 use super::*;
 
 impl Engine {
-    /// Starts connecting through driver `d` to the peer whose address part
-    /// is `part`, with `lanes` lanes, and adds the endpoint at once: up if
-    /// the driver finished inside the call, else connecting until its
+    /// Starts connecting to one peer over `groups`, each `(driver index,
+    /// the peer's address part for it, lanes)`, and adds the endpoint at
+    /// once, its lanes numbered in group order. It is up if every driver
+    /// finished inside the call, else connecting until every pending
     /// handshake completes through `poll` (`connect_done`). Nothing here
     /// waits for the peer.
     ///
     /// # Errors
-    /// The driver refused at once (a malformed address, a peer known
-    /// unreachable); no endpoint is added.
-    pub(crate) fn connect(&mut self, d: usize, part: &[u8], lanes: u8) -> Result<u32, DriverError> {
+    /// A driver refused at once (a malformed address, a peer known
+    /// unreachable): the groups already started are disconnected and no
+    /// endpoint is added. The caller checks the group count and the lane
+    /// total (at most [`MAX_GROUPS`](crate::memory::MAX_GROUPS) and 64).
+    pub(crate) fn connect(
+        &mut self,
+        groups: &[(usize, &[u8], u8)],
+    ) -> Result<u32, (usize, DriverError)> {
+        debug_assert!(!groups.is_empty() && groups.len() <= crate::memory::MAX_GROUPS);
         // The endpoint's index is known before it exists: the engine lock
         // is held, and endpoints are only ever appended.
-        let e = self.endpoints.len() as u64;
-        let (driver_ep, pending) =
-            match self.drivers[d].connect(part, lanes, Token(CONNECT_TOKEN | e))? {
-                Connect::Done(ep) => (ep, false),
-                Connect::InFlight(ep) => (ep, true),
+        let token = Token(CONNECT_TOKEN | self.endpoints.len() as u64);
+        let mut started: Vec<LaneGroup> = Vec::with_capacity(groups.len());
+        let mut pending = 0u8;
+        let mut first = 0u8;
+        for (g, &(d, part, lanes)) in groups.iter().enumerate() {
+            let driver_ep = match self.drivers[d].connect(part, lanes, token) {
+                Ok(Connect::Done(ep)) => ep,
+                Ok(Connect::InFlight(ep)) => {
+                    pending += 1;
+                    ep
+                }
+                Err(error) => {
+                    for group in &started {
+                        self.drivers[group.driver as usize]
+                            .disconnect(crate::driver::DriverEp(group.driver_ep));
+                    }
+                    return Err((g, error));
+                }
             };
-        let mut ep = Endpoint::new(d as u8, driver_ep.0, lanes);
-        ep.set(CONNECTING, pending);
-        Ok(self.add_endpoint(ep))
+            started.push(LaneGroup {
+                driver: d as u8,
+                driver_ep: driver_ep.0,
+                first,
+                lanes,
+            });
+            first += lanes;
+        }
+        let mut ep = Endpoint::new(started[0].driver, started[0].driver_ep, first);
+        ep.set(CONNECTING, pending > 0);
+        ep.set(MIXED, started.len() > 1);
+        Ok(self.add_endpoint(ep, EndpointCold::new(started, pending)))
     }
 
-    /// The handshake of endpoint `e` finished with `result`. Up: what
-    /// queued meanwhile is dispatched (scheduled, never run from here, R19).
-    /// Failed: the endpoint fails, and everything queued completes with
-    /// the error in FIFO order (R20, R32). An endpoint closed or failed
-    /// meanwhile ignores it: its driver reports the pending connect after
-    /// `disconnect` too.
+    /// A handshake of endpoint `e` finished with `result`. Once every group
+    /// is up, what queued meanwhile is dispatched (scheduled, never run
+    /// from here, R19). A failed one fails the endpoint, and everything
+    /// queued completes with the error in FIFO order (R20, R32). An
+    /// endpoint closed or failed meanwhile ignores it: its driver reports
+    /// the pending connect after `disconnect` too.
     pub(super) fn connect_done(&mut self, e: usize, result: Result<u32, Status>) {
-        let Some(ep) = self.endpoints.get_mut(e) else {
+        let Some(ep) = self.endpoints.get(e) else {
             self.stray_completions += 1;
             return;
         };
@@ -44,16 +73,16 @@ impl Engine {
             }
             return;
         }
-        match result {
-            Ok(_) => {
-                ep.set(CONNECTING, false);
-                tracing::debug!(endpoint = e, "connected");
-                self.schedule(e);
-            }
-            Err(status) => {
-                tracing::debug!(endpoint = e, %status, "connect failed");
-                self.fail_endpoint(e, status);
-            }
+        if let Err(status) = result {
+            tracing::debug!(endpoint = e, %status, "connect failed");
+            return self.fail_endpoint(e, status);
+        }
+        let cold = &mut self.cold[e];
+        cold.pending_connects = cold.pending_connects.saturating_sub(1);
+        if cold.pending_connects == 0 {
+            self.endpoints[e].set(CONNECTING, false);
+            tracing::debug!(endpoint = e, "connected");
+            self.schedule(e);
         }
     }
 

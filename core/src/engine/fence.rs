@@ -148,6 +148,10 @@ impl Engine {
     /// Starts queued requests of endpoint `e` whose epoch is admitted, and
     /// the boundary flush that admits the next epoch (R19).
     pub(super) fn dispatch(&mut self, e: usize) -> usize {
+        if self.endpoints[e].has(MIXED) {
+            // Flush parts a driver had no room for.
+            self.retry_parts(e);
+        }
         let mut started = 0;
         while matches!(
             self.endpoints[e].state,
@@ -219,7 +223,16 @@ impl Engine {
 
     /// The lane request `head` will use, if it is a lane operation.
     pub(super) fn lane_of(&self, head: &Request) -> Option<u8> {
-        let ep = &self.endpoints[head.endpoint as usize];
+        let e = head.endpoint as usize;
+        let ep = &self.endpoints[e];
+        if ep.has(MIXED) {
+            return match head.opcode() {
+                Opcode::PUT | Opcode::GET | Opcode::ATOMIC | Opcode::NOTIFY => {
+                    self.mixed_lane(e, head).ok().map(|(lane, _)| lane)
+                }
+                _ => None,
+            };
+        }
         match head.opcode() {
             Opcode::PUT | Opcode::GET => {
                 Some(ep.peek_data_lane(head.len, self.config.bw_threshold))
@@ -241,11 +254,9 @@ impl Engine {
             return true;
         }
         let lanes = ep.dirty | self.lane_of(&request).map_or(0, |l| 1 << l);
-        let driver = &self.drivers[ep.driver as usize];
-        let driver_ep = crate::driver::DriverEp(ep.driver_ep);
         let weak = !request.strong_boundary()
             && lanes.count_ones() == 1
-            && driver.lane_ordered(driver_ep, lanes.trailing_zeros() as u8)
+            && self.lane_ordered(e, lanes.trailing_zeros() as u8)
             && self.normalize(e, ep.dirty) == ep.dirty;
         if weak {
             // C stays: the epoch is admitted on this one lane only. A later
@@ -267,12 +278,9 @@ impl Engine {
     /// lanes if any dirty lane was replaced since it was written (R38).
     pub(super) fn normalize(&self, e: usize, dirty: LaneMask) -> LaneMask {
         let ep = &self.endpoints[e];
-        let driver = &self.drivers[ep.driver as usize];
-        let driver_ep = crate::driver::DriverEp(ep.driver_ep);
         let replaced = (0..ep.lanes).any(|lane| {
             dirty & (1 << lane) != 0
-                && driver.lane_generation(driver_ep, lane)
-                    != self.cold[e].dirty_generation[lane as usize]
+                && self.lane_generation(e, lane) != self.cold[e].dirty_generation[lane as usize]
         });
         if replaced { ep.all_lanes() } else { dirty }
     }
@@ -284,6 +292,7 @@ impl Engine {
         let mask = self.normalize(e, self.endpoints[e].dirty);
         let ep = &mut self.endpoints[e];
         let (driver, driver_ep) = (ep.driver as usize, crate::driver::DriverEp(ep.driver_ep));
+        let mixed = ep.has(MIXED);
         ep.flushing = mask;
         ep.dirty = 0;
         // The slot is owned before the driver is called: a flush that
@@ -292,14 +301,35 @@ impl Engine {
         let lanes = ep.lanes;
         for lane in 0..lanes {
             if mask & (1 << lane) != 0 {
-                self.cold[e].flush_generation[lane as usize] =
-                    self.drivers[driver].lane_generation(driver_ep, lane);
+                self.cold[e].flush_generation[lane as usize] = self.lane_generation(e, lane);
             }
         }
         self.stats.flushes += 1;
         self.cold[e].stats.flushes += 1;
         tracing::trace!(endpoint = e, lanes = mask, target, "fence flush");
-        match self.drivers[driver].flush(driver_ep, mask, Token(FENCE_TOKEN | e as u64)) {
+        let token = Token(FENCE_TOKEN | e as u64);
+        let posted = if mixed {
+            // One part per driver, each of exactly its dirty lanes (R24).
+            let mut parts = FlushParts {
+                remaining: mask,
+                ..FlushParts::default()
+            };
+            self.start_parts(e, &mut parts, token);
+            self.cold[e].fence_parts = parts;
+            if parts.is_done() {
+                Posted::Done(parts.result())
+            } else if parts.remaining == mask && parts.pending == 0 {
+                Posted::NoResource
+            } else {
+                if parts.remaining != 0 {
+                    self.schedule(e); // dispatch retries the refused parts
+                }
+                Posted::InFlight
+            }
+        } else {
+            self.drivers[driver].flush(driver_ep, mask, token)
+        };
+        match posted {
             Posted::InFlight => false,
             Posted::Done(result) => {
                 self.fence_flush_done(e, result);
@@ -328,12 +358,9 @@ impl Engine {
             return self.fail_endpoint(e, status);
         }
         let ep = &self.endpoints[e];
-        let driver = &self.drivers[ep.driver as usize];
-        let driver_ep = crate::driver::DriverEp(ep.driver_ep);
         let replaced = (0..ep.lanes).any(|lane| {
             flushed & (1 << lane) != 0
-                && driver.lane_generation(driver_ep, lane)
-                    != self.cold[e].flush_generation[lane as usize]
+                && self.lane_generation(e, lane) != self.cold[e].flush_generation[lane as usize]
         });
         let ep = &mut self.endpoints[e];
         if replaced {

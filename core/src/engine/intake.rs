@@ -122,17 +122,26 @@ impl Engine {
             // R43: nothing is queued behind a close.
             (EpState::Closing | EpState::Closed, _) => return Err(Status::EndpointClosed),
         }
+        // On an endpoint with lanes on several drivers, what the drivers
+        // support is checked per lane group at the end (`mixed_lane`).
+        let mixed = ep.has(MIXED);
         let caps = &self.capabilities[ep.driver as usize];
         let mut request = Request::from_sqe(sqe, opcode, ep_index as u16, flags);
         let len = u64::from(sqe.len);
         match opcode {
+            Opcode::PUT | Opcode::GET if mixed => {
+                rma_shape(sqe, opcode, true, u32::MAX)?;
+                self.mem.check(sqe.local_mem, sqe.local_addr, len)?;
+                self.check_remote_bounds(sqe, len)?;
+                request.set_holds_mem();
+            }
             Opcode::PUT | Opcode::GET => {
                 self.check_rma(sqe, opcode, ep.driver, &mut OpKeys::default())?;
                 request.set_holds_mem();
             }
             Opcode::ATOMIC => {
                 let op = sqe.atomic_op().map_err(|e| e.status())?;
-                if !caps.atomics {
+                if !caps.atomics && !mixed {
                     return Err(Status::Unsupported);
                 }
                 if sqe.len != 8 {
@@ -141,7 +150,7 @@ impl Engine {
                 if sqe.remote_addr % 8 != 0 {
                     return Err(Status::Misaligned);
                 }
-                self.check_remote(sqe, 8)?;
+                self.check_remote_bounds(sqe, 8)?;
                 if op != AtomicOp::ADD {
                     if sqe.local_addr % 8 != 0 {
                         return Err(Status::Misaligned);
@@ -165,7 +174,7 @@ impl Engine {
                 if sqe.subop != 0 {
                     return Err(Status::InvalidSubop);
                 }
-                if !caps.notify {
+                if !caps.notify && !mixed {
                     return Err(Status::Unsupported);
                 }
                 if sqe.len > MAX_NOTIFY_LEN {
@@ -177,6 +186,26 @@ impl Engine {
                 }
             }
             _ => return Err(Status::InvalidOpcode),
+        }
+        if mixed
+            && matches!(
+                opcode,
+                Opcode::PUT | Opcode::GET | Opcode::ATOMIC | Opcode::NOTIFY
+            )
+        {
+            // Some lane group's driver runs it: supports it and its length,
+            // registered its local memory, has a part in its remote key.
+            self.mixed_lane(ep_index, &request)?;
+        } else if opcode == Opcode::ATOMIC {
+            // The endpoint's one driver: its part of the remote key.
+            self.check_remote(sqe, 8)?;
+            if request.holds_mem() {
+                let local = self.mem.check(sqe.local_mem, sqe.local_addr, 8)?;
+                local.keys[ep.driver as usize].ok_or(Status::Unsupported)?;
+            }
+        } else if opcode == Opcode::NOTIFY && request.holds_mem() {
+            let local = self.mem.check(sqe.local_mem, sqe.local_addr, len)?;
+            local.keys[ep.driver as usize].ok_or(Status::Unsupported)?;
         }
         Ok(request)
     }
@@ -203,14 +232,22 @@ impl Engine {
     }
 
     /// The driver's key and the address of an SQE's remote range, after
-    /// checking that it lies inside a key unpacked for its endpoint.
+    /// checking that it lies inside a key unpacked for its endpoint, which
+    /// has one lane group.
     pub(super) fn check_remote(&self, sqe: &Sqe, len: u64) -> Result<(DriverRkey, u64), Status> {
+        let key = self.check_remote_bounds(sqe, len)?;
+        Ok((key.parts[0].ok_or(Status::InvalidRkey)?, sqe.remote_addr))
+    }
+
+    /// The key an SQE's remote range lies in: one unpacked for its
+    /// endpoint, whose bounds hold the range.
+    pub(super) fn check_remote_bounds(&self, sqe: &Sqe, len: u64) -> Result<&Rkey, Status> {
         let key = self
             .rkeys
             .get(sqe.rkey, sqe.endpoint)
             .ok_or(Status::InvalidRkey)?;
         if within(key.base, key.len, sqe.remote_addr, len) {
-            Ok((key.driver, sqe.remote_addr))
+            Ok(key)
         } else {
             Err(Status::OutOfBounds)
         }

@@ -54,10 +54,10 @@ use crate::driver::{
     Op, OpKind, Posted, Quiesce, Token,
 };
 use crate::endpoint::{
-    CONNECTING, Endpoint, EndpointCold, EpState, NO_LANE, NOT_DIRECT, SCHEDULED, STRONG_ARMED,
-    WEAK_FLAG_OWED,
+    CONNECTING, Endpoint, EndpointCold, EpState, FlushParts, LaneGroup, MIXED, NO_LANE, NOT_DIRECT,
+    SCHEDULED, STRONG_ARMED, WEAK_FLAG_OWED,
 };
-use crate::memory::{MemRegistry, RkeyTable, within};
+use crate::memory::{MemRegistry, Rkey, RkeyTable, within};
 use crate::request::{NONE, Pool, Request, RequestId, State};
 use crate::stats::Stats;
 use crate::sys::notify::{Delivery, NotifyPool};
@@ -91,12 +91,14 @@ mod connect;
 mod direct;
 mod fence;
 mod intake;
+mod lanes;
 mod post;
 mod queue;
 mod teardown;
 
 use direct::{OpKeys, Resolved, is_rma};
 use intake::rma_shape;
+use lanes::Part;
 pub(crate) use queue::EngineQueue;
 
 /// Whether an error fails the whole endpoint (the connection is unusable)
@@ -206,8 +208,8 @@ impl Engine {
         index
     }
 
-    pub(crate) fn add_endpoint(&mut self, ep: Endpoint) -> u32 {
-        self.cold.push(EndpointCold::new(ep.lanes));
+    pub(crate) fn add_endpoint(&mut self, ep: Endpoint, cold: EndpointCold) -> u32 {
+        self.cold.push(cold);
         self.endpoints.push(ep);
         self.scheduled.reserve(1);
         self.scheduled_next.reserve(1);

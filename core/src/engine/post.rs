@@ -12,6 +12,7 @@ impl Engine {
         let e = request.endpoint as usize;
         let ep = &mut self.endpoints[e];
         let (driver, driver_ep) = (ep.driver as usize, crate::driver::DriverEp(ep.driver_ep));
+        let mixed = ep.has(MIXED);
         let posted = match request.opcode() {
             Opcode::FENCE => {
                 // The boundary has been crossed: the fence is done.
@@ -33,10 +34,20 @@ impl Engine {
                 let mask = self.normalize(e, mask);
                 self.stats.flushes += 1;
                 self.cold[e].stats.flushes += 1;
-                self.drivers[driver].flush(driver_ep, mask, Token(u64::from(id.0)))
+                if mixed {
+                    self.start_user_parts(e, id, mask)
+                } else {
+                    self.drivers[driver].flush(driver_ep, mask, Token(u64::from(id.0)))
+                }
             }
             _ => {
-                let mut op = self.lane_op(&request);
+                let mut op = match self.lane_op(&request) {
+                    Ok(op) => op,
+                    Err(status) => {
+                        self.finish(id, e, Err(status));
+                        return Started::Gone;
+                    }
+                };
                 let posted = self.post_lane_op(e, &mut op, id);
                 if op.fence && matches!(posted, Posted::NoResource) {
                     // Nothing was posted: the fence flag is still owed (R19).
@@ -59,11 +70,62 @@ impl Engine {
         }
     }
 
+    /// A user FLUSH or CLOSE of endpoint `e` (one with lanes on several
+    /// drivers) over endpoint lanes `mask`: one part per group with lanes
+    /// in it. What the request's start reports: done if every part
+    /// finished inside its driver's call, no room if no driver took its
+    /// part (the request goes back to the head of its queue), else in
+    /// flight (parts without room are retried from dispatch).
+    fn start_user_parts(&mut self, e: usize, id: RequestId, mask: LaneMask) -> Posted {
+        let mut parts = FlushParts {
+            remaining: mask,
+            ..FlushParts::default()
+        };
+        self.start_parts(e, &mut parts, Token(u64::from(id.0)));
+        if parts.is_done() {
+            return Posted::Done(parts.result());
+        }
+        if parts
+            == (FlushParts {
+                remaining: mask,
+                ..FlushParts::default()
+            })
+        {
+            return Posted::NoResource;
+        }
+        // Bounded by the requests in flight; reserved at connect, so it
+        // grows only past eight concurrent flushes on one endpoint.
+        self.cold[e].user_flushes.push((id.0, parts));
+        if parts.remaining != 0 {
+            self.schedule(e);
+        }
+        Posted::InFlight
+    }
+
     /// The operation a queued PUT, GET, ATOMIC or NOTIFY request asks for,
     /// with its driver's keys looked up again as it starts (its
-    /// registration is held; remote keys live as long as the worker).
-    pub(super) fn lane_op(&self, request: &Request) -> Op {
-        let driver = self.endpoints[request.endpoint as usize].driver as usize;
+    /// registration is held; remote keys live as long as the worker). On
+    /// an endpoint with lanes on several drivers its lane is chosen here
+    /// (`mixed_lane`), taking a bandwidth lane in turn.
+    ///
+    /// # Errors
+    /// No group of a mixed endpoint can run it (validation checked that it
+    /// could; kept as an error rather than a panic).
+    pub(super) fn lane_op(&mut self, request: &Request) -> Result<Op, Status> {
+        let e = request.endpoint as usize;
+        let (lane, group, driver) = if self.endpoints[e].has(MIXED) {
+            let (lane, gi) = self.mixed_lane(e, request)?;
+            let g = self.cold[e].groups[gi];
+            let data = matches!(request.opcode(), Opcode::PUT | Opcode::GET);
+            if data && request.len >= self.config.bw_threshold && g.lanes > 1 {
+                // A bandwidth lane: the next one is the next in turn.
+                let ep = &mut self.endpoints[e];
+                ep.next_bw = ep.next_bw.wrapping_add(1);
+            }
+            (lane, gi, g.driver as usize)
+        } else {
+            (0, 0, self.endpoints[e].driver as usize)
+        };
         let local_key = if request.holds_mem() {
             self.mem.get(request.local_mem).and_then(|r| r.keys[driver])
         } else {
@@ -82,11 +144,12 @@ impl Engine {
         } else {
             self.rkeys
                 .get(request.rkey, u32::from(request.endpoint))
-                .map(|k| (k.driver, request.remote_addr))
+                .and_then(|k| k.parts[group])
+                .map(|k| (k, request.remote_addr))
         };
-        Op {
+        Ok(Op {
             kind,
-            lane: 0,
+            lane,
             local_addr: request.local_addr,
             local_key,
             remote,
@@ -94,7 +157,7 @@ impl Engine {
             operand: request.operand,
             operand2: request.operand2,
             fence: false,
-        }
+        })
     }
 
     /// Hands `op` to endpoint `e`'s driver on the lane its kind and size
@@ -104,24 +167,29 @@ impl Engine {
     #[inline]
     pub(super) fn post_lane_op(&mut self, e: usize, op: &mut Op, id: RequestId) -> Posted {
         let ep = &mut self.endpoints[e];
-        let (driver, driver_ep) = (ep.driver as usize, crate::driver::DriverEp(ep.driver_ep));
-        let lane = match op.kind {
-            OpKind::Put | OpKind::Get => ep.data_lane(op.len, self.config.bw_threshold),
-            OpKind::Atomic(_) => ep.atomic_lane(),
-            OpKind::Notify => 0,
+        let lane = if ep.has(MIXED) {
+            op.lane // chosen by `lane_op`
+        } else {
+            match op.kind {
+                OpKind::Put | OpKind::Get => ep.data_lane(op.len, self.config.bw_threshold),
+                OpKind::Atomic(_) => ep.atomic_lane(),
+                OpKind::Notify => 0,
+            }
         };
+        let (driver, driver_ep, driver_lane) = self.lane_target(e, lane);
         // Dirty before posting (R14), with the lane's generation (R38).
+        let ep = &mut self.endpoints[e];
         if ep.dirty & (1 << lane) == 0 {
             ep.dirty |= 1 << lane;
             self.cold[e].dirty_generation[lane as usize] =
-                self.drivers[driver].lane_generation(driver_ep, lane);
+                self.drivers[driver].lane_generation(driver_ep, driver_lane);
         }
         let ep = &mut self.endpoints[e];
-        op.lane = lane;
         op.fence = ep.weak_lane == lane | WEAK_FLAG_OWED;
         if op.fence {
             ep.weak_lane = lane;
         }
+        op.lane = driver_lane;
         // SAFETY: `op` comes from a validated SQE: its local range was
         // checked against its registration (`Engine::validate`, or the
         // direct path's `check_rma`/`Resolved::covers`), and that

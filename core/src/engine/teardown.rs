@@ -22,8 +22,10 @@ impl Engine {
         ep.set_error(Status::EndpointClosed);
         ep.flushing = 0;
         ep.weak_lane = NO_LANE;
-        let (driver, driver_ep) = (ep.driver as usize, crate::driver::DriverEp(ep.driver_ep));
-        self.drivers[driver].disconnect(driver_ep);
+        for gi in 0..self.cold[e].groups.len() {
+            let g = self.cold[e].groups[gi];
+            self.drivers[g.driver as usize].disconnect(crate::driver::DriverEp(g.driver_ep));
+        }
         tracing::debug!(endpoint = e, "endpoint closed");
     }
 

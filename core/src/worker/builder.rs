@@ -64,7 +64,9 @@ impl WorkerBuilder {
     /// # Errors
     /// [`Error::Config`] for a malformed environment variable,
     /// [`Error::InvalidConfig`] for a bad builder value, [`Error::Drivers`]
-    /// if no driver is left or `RINGFENCE_DRIVERS` names one not provided.
+    /// if no driver is left, `RINGFENCE_DRIVERS` names one not provided, a
+    /// driver's capabilities are unusable (`Capabilities::invalid`), or two
+    /// drivers share a name.
     pub fn build(&mut self) -> Result<Worker, Error> {
         let mut config = self.config.clone();
         if !self.ignore_env {
@@ -90,6 +92,19 @@ impl WorkerBuilder {
         }
         if drivers.is_empty() {
             return Err(Error::Drivers("a worker needs at least one driver".into()));
+        }
+        for d in &drivers {
+            if let Some(why) = d.capabilities().invalid() {
+                return Err(Error::Drivers(format!("driver {:?}: {why}", d.name())));
+            }
+        }
+        for (i, d) in drivers.iter().enumerate() {
+            if drivers[..i].iter().any(|e| e.name() == d.name()) {
+                return Err(Error::Drivers(format!(
+                    "two drivers are named {:?}: names tag a worker's address and keys",
+                    d.name()
+                )));
+            }
         }
         if drivers.len() > usize::from(u8::MAX) {
             return Err(Error::Drivers("at most 255 drivers".into()));

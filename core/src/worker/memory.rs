@@ -221,49 +221,68 @@ impl Worker {
         Ok(encode_key_parts(&parts))
     }
 
-    /// Turns a peer's key blob into an id for SQEs on `ep`.
+    /// Turns a peer's key blob into an id for SQEs on `ep`: each of the
+    /// endpoint's drivers unpacks its part (an endpoint with lanes on
+    /// several drivers uses the lanes of those that had one).
     ///
     /// # Errors
     /// [`Status::InvalidEndpoint`], [`Status::InvalidArgument`] for a
-    /// malformed blob or one without a part for `ep`'s driver, or the
-    /// driver's error.
+    /// malformed blob or one without a part for any of `ep`'s drivers, or
+    /// a driver's error.
     pub fn unpack_rkey(&self, ep: EndpointId, key: &[u8]) -> Result<RkeyId, Error> {
         let bad = || Error::Status {
             op: "unpack_rkey",
             status: Status::InvalidArgument,
         };
         let mut engine = self.shared.engine();
-        let endpoint = engine.endpoints.get(ep.0 as usize).ok_or(Error::Status {
-            op: "unpack_rkey",
-            status: Status::InvalidEndpoint,
-        })?;
-        let (driver, driver_ep) = (endpoint.driver as usize, DriverEp(endpoint.driver_ep));
-        let name = engine.drivers[driver].name();
+        let Some(cold) = engine.cold.get(ep.0 as usize) else {
+            return Err(Error::Status {
+                op: "unpack_rkey",
+                status: Status::InvalidEndpoint,
+            });
+        };
+        let groups: Vec<(usize, DriverEp)> = cold
+            .groups
+            .iter()
+            .map(|g| (g.driver as usize, DriverEp(g.driver_ep)))
+            .collect();
+        let mut entry = Rkey {
+            endpoint: ep.0,
+            parts: [None; MAX_GROUPS],
+            base: 0,
+            len: 0,
+        };
+        let mut bounds = None;
         for part in key_parts(key) {
             let part = part.ok_or_else(bad)?;
             let decoded = blob::decode(part).map_err(Error::status_of("unpack_rkey"))?;
-            if decoded.driver != name {
-                continue;
+            for (gi, &(driver, driver_ep)) in groups.iter().enumerate() {
+                let name = engine.drivers[driver].name();
+                if decoded.driver != name || entry.parts[gi].is_some() {
+                    continue;
+                }
+                // Every part of one key describes the same region.
+                if *bounds.get_or_insert((decoded.base, decoded.len)) != (decoded.base, decoded.len)
+                {
+                    return Err(bad());
+                }
+                let rkey = engine.drivers[driver]
+                    .unpack_rkey(driver_ep, decoded.driver_blob)
+                    .map_err(|source| Error::Driver {
+                        driver: name,
+                        op: "unpack_rkey",
+                        source,
+                    })?;
+                entry.parts[gi] = Some(rkey);
             }
-            let rkey = engine.drivers[driver]
-                .unpack_rkey(driver_ep, decoded.driver_blob)
-                .map_err(|source| Error::Driver {
-                    driver: name,
-                    op: "unpack_rkey",
-                    source,
-                })?;
-            let entry = Rkey {
-                endpoint: ep.0,
-                driver: rkey,
-                base: decoded.base,
-                len: decoded.len,
-            };
-            return engine
-                .rkeys
-                .insert(entry)
-                .map_err(Error::status_of("unpack_rkey"));
         }
-        Err(bad())
+        let (base, len) = bounds.ok_or_else(bad)?;
+        entry.base = base;
+        entry.len = len;
+        engine
+            .rkeys
+            .insert(entry)
+            .map_err(Error::status_of("unpack_rkey"))
     }
 }
 

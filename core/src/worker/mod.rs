@@ -1,11 +1,11 @@
 //! The worker: the public face of the engine.
 
 use crate::config::Config;
-use crate::driver::{Driver, DriverEp, DriverMemKey, MemDesc, Quiesce};
+use crate::driver::{Driver, DriverEp, DriverMemKey, MAX_LANES, MemDesc, Quiesce};
 use crate::endpoint::{EndpointId, EndpointState};
 use crate::engine::{Engine, EngineQueue};
 use crate::error::Error;
-use crate::memory::{MemHandle, MemKind, Registration, Rkey, RkeyId, blob};
+use crate::memory::{MAX_GROUPS, MemHandle, MemKind, Registration, Rkey, RkeyId, blob};
 use crate::request::MAX_QUEUES;
 use crate::stats::Stats;
 use crate::sys::mem::OwnedMem;
@@ -129,37 +129,87 @@ impl Worker {
             op: "connect",
             status: Status::InvalidArgument,
         })?;
+        let (d, lanes) = {
+            let engine = self.shared.engine();
+            let Some(d) = (0..engine.drivers.len())
+                .find(|&d| parts.iter().any(|(n, _)| *n == engine.drivers[d].name()))
+            else {
+                return Err(Error::Status {
+                    op: "connect",
+                    status: Status::PeerUnreachable,
+                });
+            };
+            let max = engine.drivers[d].capabilities().max_lanes;
+            (
+                engine.drivers[d].name(),
+                engine.config.lanes.min(max).max(1),
+            )
+        };
+        self.connect_lanes(peer, &[(d, lanes)])
+    }
+
+    /// Connects to a peer with lanes on the drivers named in `groups`, in
+    /// order: `(driver name, lanes)`, say `[("shm", 2), ("cuda", 4)]` for
+    /// lanes 0–1 over shared memory and 2–5 over CUDA, all under one fence
+    /// domain (FENCE.md R28). Both workers need each named driver. Returns
+    /// at once, as [`connect`](Worker::connect) does.
+    ///
+    /// Each operation takes a lane of a driver that can run it: one that
+    /// supports it and its length, registered its local memory (device
+    /// memory goes only to a driver of its kind) and has a part in its
+    /// remote key. Small PUTs and GETs and NOTIFYs take the first such
+    /// group's first lane, large ones (from the bandwidth threshold) the
+    /// last such group's other lanes in turn, atomics the last such
+    /// group's last lane. A strong fence flushes exactly the dirty lanes of
+    /// each driver. One group is an ordinary endpoint over that driver.
+    ///
+    /// # Errors
+    /// [`Status::InvalidArgument`] for a malformed address, no group, more
+    /// than four, a driver named twice, zero lanes, more lanes than a
+    /// driver supports or more than 64 in all; [`Status::PeerUnreachable`]
+    /// if this worker or the peer lacks a named driver; or a driver's
+    /// error (the groups already started are released).
+    pub fn connect_lanes(&self, peer: &[u8], groups: &[(&str, u8)]) -> Result<EndpointId, Error> {
+        let status = |status| Error::Status {
+            op: "connect",
+            status,
+        };
+        let parts = decode_address(peer).ok_or(status(Status::InvalidArgument))?;
+        if groups.is_empty()
+            || groups.len() > MAX_GROUPS
+            || groups.iter().map(|&(_, l)| u32::from(l)).sum::<u32>() > u32::from(MAX_LANES)
+        {
+            return Err(status(Status::InvalidArgument));
+        }
         let mut engine = self.shared.engine();
         if engine.endpoints.len() >= usize::from(u16::MAX) {
-            return Err(Error::Status {
-                op: "connect",
-                status: Status::NoResource,
-            });
+            return Err(status(Status::NoResource));
         }
-        for d in 0..engine.drivers.len() {
-            let name = engine.drivers[d].name();
-            let Some((_, part)) = parts.iter().find(|(n, _)| *n == name) else {
-                continue;
-            };
-            let lanes = engine
-                .config
-                .lanes
-                .min(engine.drivers[d].capabilities().max_lanes)
-                .max(1);
-            let index = engine
-                .connect(d, part, lanes)
-                .map_err(|source| Error::Driver {
-                    driver: name,
-                    op: "connect",
-                    source,
-                })?;
-            tracing::debug!(endpoint = index, driver = name, lanes, "connect started");
-            return Ok(EndpointId(index));
+        let mut plan: Vec<(usize, &[u8], u8)> = Vec::with_capacity(groups.len());
+        for (i, &(name, lanes)) in groups.iter().enumerate() {
+            if groups[..i].iter().any(|(n, _)| *n == name) {
+                return Err(status(Status::InvalidArgument));
+            }
+            let d = (0..engine.drivers.len())
+                .find(|&d| engine.drivers[d].name() == name)
+                .ok_or(status(Status::PeerUnreachable))?;
+            let part = parts
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, p)| *p)
+                .ok_or(status(Status::PeerUnreachable))?;
+            if lanes == 0 || lanes > engine.drivers[d].capabilities().max_lanes {
+                return Err(status(Status::InvalidArgument));
+            }
+            plan.push((d, part, lanes));
         }
-        Err(Error::Status {
+        let index = engine.connect(&plan).map_err(|(g, source)| Error::Driver {
+            driver: engine.drivers[plan[g].0].name(),
             op: "connect",
-            status: Status::PeerUnreachable,
-        })
+            source,
+        })?;
+        tracing::debug!(endpoint = index, ?groups, "connect started");
+        Ok(EndpointId(index))
     }
 
     /// Where endpoint `ep` is in its life: connecting, connected, closing,

@@ -2,10 +2,15 @@
 //! and the status and version queries.
 
 use super::{check_out, count, guard, read, store, write};
-use crate::abi::{RF_VERSION, rf_worker_config, rf_worker_t};
+use crate::abi::{
+    RF_EP_CLOSED, RF_EP_CLOSING, RF_EP_CONNECTED, RF_EP_CONNECTING, RF_EP_FAILED, RF_VERSION,
+    rf_worker_config, rf_worker_t,
+};
 use crate::table::{Kind, Table};
 use core::ffi::{c_char, c_int, c_void};
-use ringfence::{Config, EndpointId, Loopback, MemHandle, RegisteredBuf, Worker, WorkerBuilder};
+use ringfence::{
+    Config, EndpointId, EndpointState, Loopback, MemHandle, RegisteredBuf, Worker, WorkerBuilder,
+};
 use ringfence_ring::{MAX_ENTRIES, Status};
 use std::collections::HashMap;
 use std::ffi::CString;
@@ -289,10 +294,15 @@ pub unsafe extern "C" fn rf_worker_address(
 /// Connects to the peer whose address (from its `rf_worker_address`) is
 /// the `len` bytes at `addr`; stores the endpoint id for SQEs in `*ep`.
 ///
+/// Never blocks on the peer: the endpoint is usable at once. A driver that
+/// needs a handshake (tcp, verbs) finishes it through progress; SQEs
+/// submitted meanwhile queue in order and start once it is up, or each
+/// completes with the handshake's error. `rf_ep_state` tells where it is.
+///
 /// Returns 0; `RF_EINVALID_ARGUMENT` for NULL pointers or a malformed
 /// address; `RF_EINVALID_LENGTH` for a zero `len` or one over
 /// `RF_MAX_BLOB`; `RF_EPEER_UNREACHABLE` if no driver is shared or the peer
-/// does not answer; `RF_ESTALE_HANDLE`.
+/// is known unreachable at once; `RF_ESTALE_HANDLE`.
 ///
 /// # Safety
 /// - `addr` is NULL or points to `len` readable bytes.
@@ -316,6 +326,41 @@ pub unsafe extern "C" fn rf_ep_connect(
         // SAFETY: checked; writable (contract).
         unsafe { store(out, id.as_raw()) };
         Ok(0)
+    })
+}
+
+/// Where endpoint `ep` is: `RF_EP_CONNECTING`, `RF_EP_CONNECTED`,
+/// `RF_EP_CLOSING`, `RF_EP_FAILED` (its sticky first error, a negative
+/// `rf_status`, is stored in `*error` when `error` is not NULL) or
+/// `RF_EP_CLOSED`. A snapshot: progress may change it at any time.
+///
+/// Returns the state (non-negative); `RF_EINVALID_ENDPOINT` for an id
+/// `rf_ep_connect` did not hand out; `RF_ESTALE_HANDLE`.
+///
+/// # Safety
+/// - `error` is NULL or points to a writable `int`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rf_ep_state(worker: rf_worker_t, ep: u32, error: *mut c_int) -> c_int {
+    guard(|| {
+        let state = with_worker(worker, |w| {
+            let id = *w.ids().endpoints.get(&ep).ok_or(Status::InvalidEndpoint)?;
+            w.worker.endpoint_state(id).map_err(|e| e.status())
+        })?;
+        Ok(match state {
+            EndpointState::Connecting => RF_EP_CONNECTING,
+            EndpointState::Connected => RF_EP_CONNECTED,
+            EndpointState::Closing => RF_EP_CLOSING,
+            EndpointState::Failed(status) => {
+                if !error.is_null() {
+                    // SAFETY: not NULL, writable (contract).
+                    unsafe { store(error, status.as_raw()) };
+                }
+                RF_EP_FAILED
+            }
+            // A state added later reads as closed to a C caller built
+            // before it.
+            _ => RF_EP_CLOSED,
+        })
     })
 }
 
