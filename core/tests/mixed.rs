@@ -312,7 +312,11 @@ fn a_user_flush_waits_for_every_driver() {
     m.window.read(2048, &mut got);
     assert!(got.iter().all(|&b| b == 7));
     assert_eq!(m.a.flushes().last().unwrap().1, 0b1);
-    assert_eq!(m.b.flushes().last().unwrap().1, 0b10, "lb-b's first bandwidth lane");
+    assert_eq!(
+        m.b.flushes().last().unwrap().1,
+        0b10,
+        "lb-b's first bandwidth lane"
+    );
 }
 
 #[test]
