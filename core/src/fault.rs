@@ -616,34 +616,12 @@ impl<D: Driver> DirectPath for FaultInjector<D> {
         ops: &[Op],
         results: &mut [Result<u32, Status>],
     ) -> usize {
-        for (i, (op, result)) in ops.iter().zip(results.iter_mut()).enumerate() {
-            {
-                let p = self.program();
-                if p.timing != Timing::Synchronous || p.no_resource > 0 {
-                    return i;
-                }
-            }
-            // SAFETY: the caller vouches for every operation of `ops` as
-            // `post` requires.
-            match unsafe { Driver::post(self, ep, op, Token::NONE) } {
-                Posted::Done(r) => {
-                    *result = r;
-                    if r.is_err() {
-                        return i + 1;
-                    }
-                }
-                // Not run (the inner driver had no room): the engine posts
-                // it again itself.
-                Posted::NoResource => return i,
-                Posted::InFlight => {
-                    // The inner driver broke its `execute` capability: its
-                    // completion will carry no request.
-                    *result = Err(Status::Transport);
-                    return i + 1;
-                }
-            }
-        }
-        ops.len().min(results.len())
+        let go = |d: &Self| {
+            let p = d.program();
+            p.timing == Timing::Synchronous && p.no_resource == 0
+        };
+        // SAFETY: the caller vouches for `ops` as `execute` requires.
+        unsafe { crate::driver::execute_by_post(self, ep, ops, results, go) }
     }
 
     fn prefetch(&mut self, ep: DriverEp, rkey: DriverRkey, addr: u64, write: bool) {

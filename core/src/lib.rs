@@ -65,7 +65,7 @@ pub use config::Config;
 pub use driver::{
     Capabilities, Completion, Connect, DirectPath, Driver, DriverContext, DriverEp, DriverError,
     DriverMemKey, DriverMemory, DriverRkey, LaneMask, MAX_LANES, MemDesc, Op, OpKind, Posted,
-    Quiesce, Token, drain_completions,
+    Quiesce, Token, drain_completions, execute_by_post,
 };
 pub use endpoint::{EndpointId, EndpointState};
 pub use error::Error;

@@ -20,7 +20,7 @@
 use crate::NotifyPool;
 use crate::driver::{
     Capabilities, Completion, Connect, DirectPath, Driver, DriverContext, DriverEp, DriverError,
-    DriverMemKey, DriverRkey, LaneMask, MemDesc, Op, OpKind, Posted, Token,
+    DriverMemKey, DriverRkey, LaneMask, MemDesc, Op, OpKind, Posted, Token, execute_by_post,
 };
 use crate::memory::{MemKind, within};
 use crate::sys::mem;
@@ -512,23 +512,13 @@ impl DirectPath for Loopback {
         ops: &[Op],
         results: &mut [Result<u32, Status>],
     ) -> usize {
-        if self.mode != CompletionMode::Immediate {
-            return 0;
+        // Immediate mode (the only one that offers this): `post` finishes
+        // every operation it takes.
+        // SAFETY: the caller vouches for `ops` as `execute` requires.
+        unsafe {
+            execute_by_post(self, ep, ops, results, |d| {
+                d.mode == CompletionMode::Immediate
+            })
         }
-        for (i, (op, result)) in ops.iter().zip(results.iter_mut()).enumerate() {
-            // Immediate: `post` finishes every operation it takes.
-            // SAFETY: the caller vouches for every operation of `ops` as
-            // `post` requires.
-            match unsafe { Driver::post(self, ep, op, Token::NONE) } {
-                Posted::Done(r) => {
-                    *result = r;
-                    if r.is_err() {
-                        return i + 1;
-                    }
-                }
-                Posted::InFlight | Posted::NoResource => return i,
-            }
-        }
-        ops.len().min(results.len())
     }
 }

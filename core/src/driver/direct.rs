@@ -12,7 +12,7 @@
 
 #![allow(unsafe_code)] // declares the unsafe `execute` contract
 
-use super::{DriverEp, DriverRkey, Op};
+use super::{Driver, DriverEp, DriverRkey, Op, Posted, Token};
 use ringfence_ring::Status;
 
 /// Runs of operations finished inside the call, for drivers that can.
@@ -59,4 +59,45 @@ pub trait DirectPath {
     fn prefetch(&mut self, ep: DriverEp, rkey: DriverRkey, addr: u64, write: bool) {
         let _ = (ep, rkey, addr, write);
     }
+}
+
+/// The body of [`DirectPath::execute`] for a driver whose `post` finishes
+/// what it takes inside the call (loopback, and wrappers over such a
+/// driver): runs `ops` one by one through `driver`'s `post`, as long as
+/// `go(driver)` says so before each. Stops after one that failed, and
+/// before one `post` had no room for (the engine posts the rest itself).
+/// An operation that `post` keeps in flight breaks the driver's promise:
+/// it is reported failed with [`Status::Transport`] (its completion would
+/// name no request).
+///
+/// # Safety
+/// As [`DirectPath::execute`]: the caller vouches for every operation of
+/// `ops` as [`Driver::post`] requires.
+pub unsafe fn execute_by_post<D: Driver + ?Sized>(
+    driver: &mut D,
+    ep: DriverEp,
+    ops: &[Op],
+    results: &mut [Result<u32, Status>],
+    mut go: impl FnMut(&D) -> bool,
+) -> usize {
+    for (i, (op, result)) in ops.iter().zip(results.iter_mut()).enumerate() {
+        if !go(driver) {
+            return i;
+        }
+        // SAFETY: the caller vouches for `op` as `post` requires.
+        match unsafe { driver.post(ep, op, Token::NONE) } {
+            Posted::Done(r) => {
+                *result = r;
+                if r.is_err() {
+                    return i + 1;
+                }
+            }
+            Posted::NoResource => return i,
+            Posted::InFlight => {
+                *result = Err(Status::Transport);
+                return i + 1;
+            }
+        }
+    }
+    ops.len().min(results.len())
 }

@@ -40,7 +40,7 @@
 
 mod direct;
 
-pub use direct::DirectPath;
+pub use direct::{DirectPath, execute_by_post};
 
 use crate::NotifyPool;
 use crate::memory::MemKind;
