@@ -37,8 +37,12 @@
 //!
 //! # Unsafe code
 //! Confined to `sys` (raw memory copies and atomics on registered memory,
-//! the notification buffers) and the loopback driver (which executes RMA on
-//! registered addresses); everything else is `#![deny(unsafe_code)]`.
+//! the notification buffers), the loopback driver (which executes RMA on
+//! registered addresses), the driver seam's declaration of the unsafe
+//! data-path contract ([`Driver::post`], [`DirectPath::execute`]) and the
+//! two engine modules that call it (`engine::post`, `engine::direct`, each
+//! call with the reason it holds), and the test kit's wrappers, which
+//! forward it; everything else is `#![deny(unsafe_code)]`.
 #![deny(
     unsafe_code,
     unsafe_op_in_unsafe_fn,

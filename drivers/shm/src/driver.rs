@@ -23,7 +23,7 @@ use nix::unistd::Pid;
 use ringfence::{
     Capabilities, Completion, Connect, DirectPath, Driver, DriverContext, DriverEp, DriverError,
     DriverMemKey, DriverMemory, DriverRkey, LaneMask, MemDesc, MemKind, NotifyPool, Op, OpKind,
-    Posted, Token,
+    Posted, Quiesce, Token,
 };
 use ringfence_ring::Status;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -158,6 +158,7 @@ impl ShmBuilder {
             inbound_seen: 0,
             deaths_seen: 0,
             hot: None,
+            revoked_cma: Vec::new(),
         })
     }
 }
@@ -230,6 +231,9 @@ pub struct Shm {
     /// The last mapped key a PUT or GET went through (see [`HotKey`]).
     /// `release_dead` and `disconnect` drop it with the mappings it holds.
     hot: Option<HotKey>,
+    /// Cross-memory-attach exports revoked by `deregister` whose peers'
+    /// accesses `quiesce` has not waited out yet, by slot.
+    revoked_cma: Vec<u32>,
 }
 
 fn err(status: Status, detail: impl Into<String>) -> DriverError {
@@ -757,7 +761,40 @@ impl Driver for Shm {
         let Some(export) = removed else { return };
         self.shared.status.revoke(slot);
         if matches!(export.backing, Backing::CrossMemoryAttach) {
-            self.wait_for_cma(slot);
+            // A peer may be inside a cross memory attach access of it:
+            // `quiesce` waits that out before the memory may be freed.
+            self.revoked_cma.push(slot);
+        }
+    }
+
+    /// A peer writes memfd memory through its own mapping (our pages stay
+    /// alive while it maps them) but other registered memory through cross
+    /// memory attach, straight into this process: a revoked export's
+    /// access that already started is waited out here (bounded), and at
+    /// teardown every export is revoked and waited out, before the worker
+    /// frees anything.
+    fn quiesce(&mut self, scope: Quiesce) {
+        match scope {
+            Quiesce::Memory(key) => {
+                let slot = key.0 as u32;
+                if let Some(i) = self.revoked_cma.iter().position(|&s| s == slot) {
+                    self.revoked_cma.swap_remove(i);
+                    self.wait_for_cma(slot);
+                }
+            }
+            Quiesce::All => {
+                let live: Vec<(u32, u32)> = self.shared.exports().live().collect();
+                for (slot, generation) in live {
+                    let export = self.shared.exports().remove(slot, generation);
+                    self.shared.status.revoke(slot);
+                    if export.is_some_and(|e| matches!(e.backing, Backing::CrossMemoryAttach)) {
+                        self.revoked_cma.push(slot);
+                    }
+                }
+                for slot in std::mem::take(&mut self.revoked_cma) {
+                    self.wait_for_cma(slot);
+                }
+            }
         }
     }
 
