@@ -19,8 +19,15 @@
 //! PUT and a FLUSH.
 //!
 //! # Cargo features
-//! - `testkit`: `FaultInjector`, a driver wrapper
-//!   that reorders, delays and fails operations on purpose, for tests.
+//! - `testkit`: driver wrappers for tests. `FaultInjector` reorders,
+//!   delays and fails operations on purpose. `SimDriver` makes a
+//!   synchronous driver asynchronous in every way the tcp, verbs and CUDA
+//!   drivers are: nothing executes in `post` or before the round's
+//!   `commit`, effects land at completion time out of order across lanes,
+//!   connects complete through `poll`, a timerfd is its wake descriptor,
+//!   `quiesce` cancels what it holds, and a `SimHandle` logs every
+//!   execution and quiesce so tests can prove nothing touched memory after
+//!   it was quiesced or freed.
 //!
 //! # Thread safety
 //! A `Worker` is `Send + Sync`; its engine sits behind one mutex, taken once
@@ -37,8 +44,10 @@
 //!
 //! # Unsafe code
 //! Confined to `sys` (raw memory copies and atomics on registered memory,
-//! the notification buffers) and the loopback driver (which executes RMA on
-//! registered addresses); everything else is `#![deny(unsafe_code)]`.
+//! the notification buffers), the loopback driver (which executes RMA on
+//! registered addresses), and the test kit's wrappers (which forward the
+//! unsafe `post`; `SimDriver` also allocates the memory it hands out);
+//! everything else is `#![deny(unsafe_code)]`.
 #![deny(
     unsafe_code,
     unsafe_op_in_unsafe_fn,
@@ -57,6 +66,8 @@ mod fault;
 mod loopback;
 mod memory;
 mod request;
+#[cfg(feature = "testkit")]
+mod sim;
 mod stats;
 mod sys;
 mod worker;
@@ -75,6 +86,8 @@ pub use loopback::{CompletionMode, Loopback};
 pub use memory::{MemHandle, MemKind, RkeyId};
 pub use request::{MAX_QUEUES, MAX_REQUESTS};
 pub use ringfence_ring::{Cqe, Sqe, Status};
+#[cfg(feature = "testkit")]
+pub use sim::{SimDriver, SimEvent, SimHandle, SimStats, SimTiming};
 pub use stats::Stats;
 pub use sys::notify::{Delivery, MAX_NOTIFY_BUFFERS, NotifyPool};
 pub use worker::{Notification, QueuePair, RegisteredBuf, Worker, WorkerBuilder};
