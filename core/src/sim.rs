@@ -99,6 +99,10 @@ pub enum SimTiming {
     /// In the `n`-th poll after its commit (a handshake: after `connect`);
     /// 0 counts as 1, the next poll.
     Polls(u32),
+    /// In a poll drawn (seeded) from the `lo`-th to the `hi`-th after its
+    /// commit, each operation and flush on its own: lanes drift apart, and
+    /// a flush may come due before what it covers (it still waits for it).
+    PollsBetween(u32, u32),
     /// In the first poll at least this long after its commit (a
     /// handshake: after `connect`), as a network round trip takes. The
     /// wake descriptor becomes readable at that moment.
@@ -302,9 +306,15 @@ enum Due {
 }
 
 impl Due {
-    fn new(timing: SimTiming, polls: u64, now: u64) -> Due {
+    /// When something under `timing` committed (or started) at poll `polls`
+    /// and time `now` is due; `random` draws within `PollsBetween`.
+    fn new(timing: SimTiming, polls: u64, now: u64, random: u64) -> Due {
         match timing {
             SimTiming::Polls(n) => Due::Poll(polls + u64::from(n.max(1))),
+            SimTiming::PollsBetween(lo, hi) => {
+                let (lo, hi) = (u64::from(lo.max(1)), u64::from(hi.max(lo).max(1)));
+                Due::Poll(polls + lo + random % (hi - lo + 1))
+            }
             SimTiming::Delay(d) => {
                 Due::Time(now.saturating_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)))
             }
@@ -325,6 +335,14 @@ impl Due {
             Due::Poll(_) => None,
         }
     }
+}
+
+/// The next number of a xorshift64 sequence (`state` is never zero).
+fn xorshift(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
 }
 
 /// Nanoseconds of `CLOCK_MONOTONIC`, the timerfd's clock.
@@ -499,10 +517,7 @@ impl<D: Driver> SimDriver<D> {
     }
 
     fn next_random(&mut self) -> u64 {
-        self.rng ^= self.rng << 13;
-        self.rng ^= self.rng >> 7;
-        self.rng ^= self.rng << 17;
-        self.rng
+        xorshift(&mut self.rng)
     }
 
     fn conn(&self, ep: DriverEp) -> Option<&Conn> {
@@ -909,7 +924,8 @@ impl<D: Driver> Driver for SimDriver<D> {
                 (s.connect_timing, s.connect_failures.pop_front())
             };
             let now = now_ns();
-            let due = Due::new(timing, self.polls, now);
+            let random = self.next_random();
+            let due = Due::new(timing, self.polls, now, random);
             self.handshakes.push(Handshake {
                 ep,
                 token,
@@ -1062,18 +1078,26 @@ impl<D: Driver> Driver for SimDriver<D> {
     }
 
     fn commit(&mut self) {
-        self.state().stats.commits += 1;
+        {
+            let mut s = lock(&self.state);
+            s.stats.commits += 1;
+            if s.reseed {
+                s.reseed = false;
+                self.rng = s.seed;
+            }
+        }
         self.inner.commit();
         if self.touched.is_empty() && !self.flushes_touched {
             return;
         }
         let (polls, now) = (self.polls, now_ns());
         let mut earliest: Option<u64> = None;
+        let rng = &mut self.rng;
         let mut cover = |held_due: &mut Option<Due>, timing: SimTiming| -> bool {
             if held_due.is_some() {
                 return false; // committed earlier: the rest is too
             }
-            let due = Due::new(timing, polls, now);
+            let due = Due::new(timing, polls, now, xorshift(rng));
             *held_due = Some(due);
             if let Some(at) = due.time() {
                 earliest = Some(earliest.map_or(at, |e| e.min(at)));

@@ -714,16 +714,24 @@ fn the_driver_reorders_lanes_keeps_each_lane_in_order_and_flushes_after_them() {
         let mut b = bare(4, SimTiming::Polls(1));
         b.handle.seed(seed);
         for i in 0..40u64 {
-            let op = b.put((i % 4) as u8, 0, 8 * i);
-            assert_eq!(b.post(&op, i), Posted::InFlight);
+            let lane = (i % 4) as u8;
+            b.handle.set_timing(if lane % 2 == 0 {
+                SimTiming::PollsBetween(5, 12)
+            } else {
+                SimTiming::PollsBetween(1, 12)
+            });
+            assert_eq!(b.post(&b.put(lane, 0, 8 * i), i), Posted::InFlight);
         }
+        b.handle.set_timing(SimTiming::Polls(1));
+        // Lanes 0 and 2 come due late; the flush of them comes due early
+        // and must wait for them all the same.
         assert_eq!(b.sim.flush(b.ep, 0b0101, Token(100)), Posted::InFlight);
         assert_eq!(b.sim.flush(b.ep, 0, Token(101)), Posted::Done(Ok(0)));
         b.sim.commit();
         let mut order = Vec::new();
         let deadline = Instant::now() + HANG;
         while order.len() < 41 {
-            let mut out = [Completion::default(); 3];
+            let mut out = [Completion::default(); 8];
             let n = b.sim.poll(&mut out);
             order.extend(out[..n].iter().map(|c| c.token.0));
             assert!(Instant::now() < deadline);
