@@ -1,10 +1,11 @@
 //! Exactly once, under a random mix: every SQE yields one CQE (none for a
 //! successful SKIP_SUCCESS), whatever the operation, its validity, the
 //! completion mode, the lane count, the interleaving of submission, progress
-//! and reaping, and whether the worker is dropped with work in flight.
+//! and reaping, and whether the worker is dropped with work in flight;
+//! over loopback and over the asynchronous seam (`SimDriver`).
 
 use proptest::prelude::*;
-use ringfence::{CompletionMode, Loopback, Worker};
+use ringfence::{CompletionMode, Loopback, SimDriver, SimHandle, SimTiming, Worker};
 use ringfence_ring::{Cqe, FenceMode, RemoteBuf, Sqe, SqeFlags, Status};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -70,27 +71,53 @@ fn step() -> impl Strategy<Value = Step> {
 
 const WINDOW: usize = 8192;
 
+/// The initiator's driver.
+#[derive(Debug, Clone, Copy)]
+enum Over {
+    /// Loopback in this mode (the targets use it too).
+    Loopback(CompletionMode),
+    /// `SimDriver` over loopback with this timing and seed (the targets
+    /// have plain loopback drivers).
+    Sim(SimTiming, u64),
+}
+
 fn run_case(
-    mode: CompletionMode,
+    over: Over,
     lanes: u8,
     steps: &[Step],
     drop_early: bool,
     core_thread: bool,
 ) -> Result<(), TestCaseError> {
-    let build = || {
-        Worker::builder()
-            .driver(Loopback::with_mode(mode))
+    let mode = match over {
+        Over::Loopback(mode) => mode,
+        Over::Sim(..) => CompletionMode::Immediate,
+    };
+    let mut sim: Option<SimHandle> = None;
+    let mut build = |initiator: bool| {
+        let mut builder = Worker::builder();
+        builder
             .lanes(lanes)
             .bw_threshold(1024)
             .notify_buffers(4, 64)
             .ring_entries(32, 16)
             .requests(64)
-            .ignore_env()
-            .build()
-            .unwrap()
+            .ignore_env();
+        match over {
+            Over::Sim(timing, seed) if initiator => {
+                let (driver, handle) = SimDriver::new(Loopback::new());
+                handle.set_timing(timing);
+                handle.seed(seed);
+                sim = Some(handle);
+                builder.driver(driver);
+            }
+            _ => {
+                builder.driver(Loopback::with_mode(mode));
+            }
+        }
+        builder.build().unwrap()
     };
-    let targets = [build(), build()];
-    let mut initiator = build();
+    let targets = [build(false), build(false)];
+    let mut initiator = build(true);
     if core_thread {
         // Progress then also runs on the core thread, concurrently with the
         // test's own calls.
@@ -277,6 +304,10 @@ fn run_case(
             );
         }
     }
+    if let Some(sim) = &sim {
+        prop_assert!(sim.violations().is_empty(), "{:?}", sim.violations());
+        prop_assert_eq!(sim.stats().executed_uncommitted, 0);
+    }
     if !drop_early {
         for (id, (cqe_on_success, must_fail)) in &expected {
             if *cqe_on_success || *must_fail {
@@ -307,6 +338,31 @@ proptest! {
         core_thread in prop::bool::weighted(0.2),
     ) {
         let mode = if next_poll { CompletionMode::NextPoll } else { CompletionMode::Immediate };
-        run_case(mode, lanes, &steps, drop_early, core_thread)?;
+        run_case(Over::Loopback(mode), lanes, &steps, drop_early, core_thread)?;
+    }
+}
+
+fn sim_timing() -> impl Strategy<Value = SimTiming> {
+    prop_oneof![
+        3 => (0u32..4).prop_map(SimTiming::Polls),
+        3 => (1u32..3, 0u32..8).prop_map(|(lo, extra)| SimTiming::PollsBetween(lo, lo + extra)),
+        1 => (0u64..200).prop_map(|us| SimTiming::Delay(Duration::from_micros(us))),
+    ]
+}
+
+proptest! {
+    // The same cases over the asynchronous seam.
+    #![proptest_config(ProptestConfig { cases: if cfg!(debug_assertions) { 200 } else { 1000 }, ..ProptestConfig::default() })]
+
+    #[test]
+    fn every_sqe_completes_exactly_once_over_the_async_seam(
+        timing in sim_timing(),
+        seed in any::<u64>(),
+        lanes in 1u8..=4,
+        steps in prop::collection::vec(step(), 1..300),
+        drop_early in any::<bool>(),
+        core_thread in prop::bool::weighted(0.2),
+    ) {
+        run_case(Over::Sim(timing, seed), lanes, &steps, drop_early, core_thread)?;
     }
 }
