@@ -16,7 +16,8 @@
 //!   handle counts commits and every operation that executed uncommitted
 //!   (which must stay zero).
 //! - **Late effects.** A committed operation completes after
-//!   [`SimTiming::Polls`] polls or a [`SimTiming::Delay`], and only then
+//!   [`SimTiming::Polls`] polls (or a seeded number of them,
+//!   [`SimTiming::PollsBetween`]) or a [`SimTiming::Delay`], and only then
 //!   is it executed: the inner driver's `post` runs at completion time (so
 //!   a PUT lands late, as a NIC's write does) and its result is the
 //!   completion's. Lanes are visited in a seeded pseudo-random order, so
@@ -37,8 +38,8 @@
 //!   (level-triggered) until a `poll`, and is re-armed at the end of every
 //!   `poll` for whatever is still pending, at once if something is due
 //!   already (a poll whose batch was full). It is only meaningful with
-//!   [`SimTiming::Delay`]: under [`SimTiming::Polls`] nothing becomes due
-//!   without polls, so nothing arms it (except completions made outside
+//!   [`SimTiming::Delay`]: under the poll-counted timings nothing becomes
+//!   due without polls, so nothing arms it (except completions made outside
 //!   `poll`, by `disconnect` or `quiesce`, which are due at once).
 //! - **Quiesce.** [`Quiesce::All`] completes everything held (operations,
 //!   flushes, handshakes) with [`Status::Canceled`] without executing it;
@@ -288,9 +289,10 @@ impl SimHandle {
     }
 
     /// Every breach of the driver contract seen so far: an execution that
-    /// touched memory after a quiesce covering it returned, or after that
-    /// memory was freed; a post or flush on a connection that is not up.
-    /// Empty when the engine behaved.
+    /// would have touched memory after a quiesce covering it returned, or
+    /// after that memory was freed (refused, see the module docs); a post
+    /// or flush on a connection that is not up; completions left unpolled
+    /// when the driver was dropped. Empty when the engine behaved.
     pub fn violations(&self) -> Vec<String> {
         self.state().violations.clone()
     }
@@ -441,8 +443,8 @@ pub struct SimDriver<D: Driver> {
 }
 
 impl<D: Driver> SimDriver<D> {
-    /// Wraps `inner` under its own name (see the module docs, "Names"); the
-    /// handle programs it.
+    /// Wraps `inner`, under the inner driver's name (see the module docs,
+    /// "Names"); the handle programs it.
     ///
     /// # Panics
     /// If no timerfd can be created (the process is out of descriptors).

@@ -925,3 +925,85 @@ fn a_failed_handshake_completes_through_poll_with_its_token() {
     assert!(handle.violations().is_empty());
     let _ = handle.events();
 }
+
+/// `with_mem_kinds` lets the simulated driver stand in for a device
+/// driver: it allocates and registers CUDA memory (host memory
+/// underneath), and a host-only driver of the same worker never sees that
+/// memory. With `named` it sits beside a plain loopback in one worker, and
+/// connects to a peer's driver of the same name.
+#[test]
+fn a_named_simulated_driver_stands_in_for_a_device_driver() {
+    let (target_sim, _) = SimDriver::named(Loopback::new(), "sim");
+    let t = Worker::builder()
+        .driver(target_sim)
+        .ignore_env()
+        .build()
+        .unwrap();
+    let window = t.alloc_registered(4096).unwrap();
+    window.write(0, &[0x3c; 64]);
+    let (host_only, host_window) = target(4096);
+
+    let (sim, handle) = SimDriver::named(Loopback::new(), "sim");
+    let sim = sim.with_mem_kinds(&[MemKind::Host, MemKind::Cuda]);
+    let w = Worker::builder()
+        .driver(Loopback::new())
+        .driver(sim)
+        .ignore_env()
+        .build()
+        .unwrap();
+    // The target has no "loopback" part: the endpoint goes through "sim".
+    let ep = w.connect(t.address()).unwrap();
+    assert_eq!(w.endpoint_state(ep).unwrap(), EndpointState::Connecting);
+    let rkey = w
+        .unpack_rkey(ep, &t.pack_rkey(window.handle()).unwrap())
+        .unwrap();
+    let device = w.alloc_registered_kind(4096, MemKind::Cuda).unwrap();
+    assert_eq!(device.kind(), MemKind::Cuda);
+    assert!(
+        handle
+            .events()
+            .iter()
+            .any(|e| matches!(e, SimEvent::Allocated { len: 4096, .. })),
+        "the device memory came from the simulated driver"
+    );
+    let mut qp = w.create_queue().unwrap();
+    let remote = |offset: u64| RemoteBuf {
+        rkey: rkey.as_raw(),
+        addr: window.addr() + offset,
+    };
+    // GET into device memory, then PUT from it: the bytes come back.
+    let e = ep.as_raw();
+    let cqes = run(
+        &w,
+        &mut qp,
+        &[
+            Sqe::get(e, device.local(0), remote(0), 64).with_user_data(1),
+            Sqe::fence(e, FenceMode::STRONG).with_user_data(2),
+            Sqe::put(e, device.local(0), remote(1024), 64).with_user_data(3),
+            Sqe::flush(e).with_user_data(4),
+        ],
+        4,
+    );
+    assert!(cqes.iter().all(|c| c.res >= 0), "{cqes:?}");
+    let mut back = [0u8; 64];
+    window.read(1024, &mut back);
+    assert_eq!(back, [0x3c; 64]);
+
+    // An endpoint through the host-only loopback cannot use it.
+    let host_ep = w.connect(host_only.address()).unwrap();
+    let host_rkey = w
+        .unpack_rkey(host_ep, &host_only.pack_rkey(host_window.handle()).unwrap())
+        .unwrap();
+    let put = Sqe::put(
+        host_ep.as_raw(),
+        device.local(0),
+        RemoteBuf {
+            rkey: host_rkey.as_raw(),
+            addr: host_window.addr(),
+        },
+        64,
+    );
+    let cqes = run(&w, &mut qp, &[put.with_user_data(5)], 1);
+    assert_eq!(cqes[0].res, Status::Unsupported.as_raw());
+    assert!(handle.violations().is_empty(), "{:?}", handle.violations());
+}
