@@ -1133,15 +1133,14 @@ impl<D: Driver> Driver for SimDriver<D> {
 
     fn poll(&mut self, out: &mut [Completion]) -> usize {
         self.polls += 1;
-        let drain = {
+        {
             let mut s = lock(&self.state);
             s.stats.polls += 1;
             if s.reseed {
                 s.reseed = false;
                 self.rng = s.seed;
             }
-            s.drain_on_disconnect
-        };
+        }
         let now = now_ns();
         self.retry_at = None;
         let mut n = crate::driver::drain_completions(&mut self.ready, out);
@@ -1149,9 +1148,7 @@ impl<D: Driver> Driver for SimDriver<D> {
         self.run_handshakes(now, out, &mut n);
         self.run_lanes(now, out, &mut n);
         self.run_flushes(now, out, &mut n);
-        if drain {
-            self.release_drained();
-        }
+        self.release_drained();
         // Cleared here, and only here: re-armed for whatever is pending (at
         // once if something is due already and did not fit in `out`).
         let next = self.next_due(now);
