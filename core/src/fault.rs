@@ -570,6 +570,32 @@ impl<D: Driver> Driver for FaultInjector<D> {
     }
 
     fn quiesce(&mut self, scope: Quiesce) {
+        // What this wrapper still holds never reaches the inner driver
+        // once its memory is quiesced: it completes canceled, unexecuted.
+        let covered = |h: &Held| match scope {
+            Quiesce::All => true,
+            Quiesce::Memory(key) => h.op.local_key == Some(key),
+        };
+        for lanes in &mut self.held {
+            for queue in lanes.iter_mut() {
+                queue.retain(|h| {
+                    if covered(h) {
+                        self.ready.push_back(Completion {
+                            token: h.token,
+                            result: Err(Status::Canceled),
+                        });
+                    }
+                    !covered(h)
+                });
+            }
+        }
+        if scope == Quiesce::All {
+            self.ready
+                .extend(self.flushes.drain(..).map(|f| Completion {
+                    token: f.token,
+                    result: Err(Status::Canceled),
+                }));
+        }
         self.inner.quiesce(scope);
     }
 

@@ -19,8 +19,15 @@
 //! PUT and a FLUSH.
 //!
 //! # Cargo features
-//! - `testkit`: `FaultInjector`, a driver wrapper
-//!   that reorders, delays and fails operations on purpose, for tests.
+//! - `testkit`: driver wrappers for tests. `FaultInjector` reorders,
+//!   delays and fails operations on purpose. `SimDriver` makes a
+//!   synchronous driver asynchronous in every way the tcp, verbs and CUDA
+//!   drivers are: nothing executes in `post` or before the round's
+//!   `commit`, effects land at completion time out of order across lanes,
+//!   connects complete through `poll`, a timerfd is its wake descriptor,
+//!   `quiesce` cancels what it holds, and a `SimHandle` logs every
+//!   execution and quiesce so tests can prove nothing touched memory after
+//!   it was quiesced or freed.
 //!
 //! # Thread safety
 //! A `Worker` is `Send + Sync`; its engine sits behind one mutex, taken once
@@ -41,8 +48,9 @@
 //! registered addresses), the driver seam's declaration of the unsafe
 //! data-path contract ([`Driver::post`], [`DirectPath::execute`]) and the
 //! two engine modules that call it (`engine::post`, `engine::direct`, each
-//! call with the reason it holds), and the test kit's wrappers, which
-//! forward it; everything else is `#![deny(unsafe_code)]`.
+//! call with the reason it holds), and the test kit's wrappers (which
+//! forward the unsafe `post`; `SimDriver` also allocates the memory it
+//! hands out); everything else is `#![deny(unsafe_code)]`.
 #![deny(
     unsafe_code,
     unsafe_op_in_unsafe_fn,
@@ -61,6 +69,8 @@ mod fault;
 mod loopback;
 mod memory;
 mod request;
+#[cfg(feature = "testkit")]
+mod sim;
 mod stats;
 mod sys;
 mod worker;
@@ -79,6 +89,8 @@ pub use loopback::{CompletionMode, Loopback};
 pub use memory::{MemHandle, MemKind, RkeyId};
 pub use request::{MAX_QUEUES, MAX_REQUESTS};
 pub use ringfence_ring::{Cqe, Sqe, Status};
+#[cfg(feature = "testkit")]
+pub use sim::{SimDriver, SimEvent, SimHandle, SimStats, SimTiming};
 pub use stats::Stats;
 pub use sys::notify::{Delivery, MAX_NOTIFY_BUFFERS, NotifyPool};
 pub use worker::{Notification, QueuePair, RegisteredBuf, Worker, WorkerBuilder};

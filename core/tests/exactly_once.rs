@@ -1,10 +1,11 @@
 //! Exactly once, under a random mix: every SQE yields one CQE (none for a
 //! successful SKIP_SUCCESS), whatever the operation, its validity, the
 //! completion mode, the lane count, the interleaving of submission, progress
-//! and reaping, and whether the worker is dropped with work in flight.
+//! and reaping, and whether the worker is dropped with work in flight;
+//! over loopback and over the asynchronous seam (`SimDriver`).
 
 use proptest::prelude::*;
-use ringfence::{CompletionMode, Loopback, Worker};
+use ringfence::{CompletionMode, EndpointState, Loopback, SimDriver, SimHandle, SimTiming, Worker};
 use ringfence_ring::{Cqe, FenceMode, RemoteBuf, Sqe, SqeFlags, Status};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -70,27 +71,59 @@ fn step() -> impl Strategy<Value = Step> {
 
 const WINDOW: usize = 8192;
 
+/// The initiator's driver.
+#[derive(Debug, Clone, Copy)]
+enum Over {
+    /// Loopback in this mode (the targets use it too).
+    Loopback(CompletionMode),
+    /// `SimDriver` over loopback with this timing (for operations and
+    /// handshakes) and seed; the handshake of the first endpoint fails
+    /// (PEER_UNREACHABLE) if asked. The targets have plain loopback
+    /// drivers.
+    Sim(SimTiming, u64, bool),
+}
+
 fn run_case(
-    mode: CompletionMode,
+    over: Over,
     lanes: u8,
     steps: &[Step],
     drop_early: bool,
     core_thread: bool,
 ) -> Result<(), TestCaseError> {
-    let build = || {
-        Worker::builder()
-            .driver(Loopback::with_mode(mode))
+    let mode = match over {
+        Over::Loopback(mode) => mode,
+        Over::Sim(..) => CompletionMode::Immediate,
+    };
+    let mut sim: Option<SimHandle> = None;
+    let mut build = |initiator: bool| {
+        let mut builder = Worker::builder();
+        builder
             .lanes(lanes)
             .bw_threshold(1024)
             .notify_buffers(4, 64)
             .ring_entries(32, 16)
             .requests(64)
-            .ignore_env()
-            .build()
-            .unwrap()
+            .ignore_env();
+        match over {
+            Over::Sim(timing, seed, fail_connect) if initiator => {
+                let (driver, handle) = SimDriver::new(Loopback::new());
+                handle.set_timing(timing);
+                handle.connect_timing(timing);
+                handle.seed(seed);
+                if fail_connect {
+                    handle.fail_connect(Status::PeerUnreachable);
+                }
+                sim = Some(handle);
+                builder.driver(driver);
+            }
+            _ => {
+                builder.driver(Loopback::with_mode(mode));
+            }
+        }
+        builder.build().unwrap()
     };
-    let targets = [build(), build()];
-    let mut initiator = build();
+    let targets = [build(false), build(false)];
+    let mut initiator = build(true);
     if core_thread {
         // Progress then also runs on the core thread, concurrently with the
         // test's own calls.
@@ -102,18 +135,34 @@ fn run_case(
         .map(|t| t.alloc_registered(WINDOW).unwrap())
         .collect();
     let local = initiator.alloc_registered(WINDOW).unwrap();
+    // Every SQE on the first endpoint may fail with the handshake's error.
+    let failed_connect = matches!(over, Over::Sim(_, _, true));
     let mut eps = Vec::new();
-    for (t, w) in targets.iter().zip(&windows) {
+    for (i, (t, w)) in targets.iter().zip(&windows).enumerate() {
         let ep = initiator.connect(t.address()).unwrap();
-        let rkey = initiator
-            .unpack_rkey(ep, &t.pack_rkey(w.handle()).unwrap())
-            .unwrap();
+        let rkey = match initiator.unpack_rkey(ep, &t.pack_rkey(w.handle()).unwrap()) {
+            Ok(rkey) => rkey.as_raw(),
+            Err(e) => {
+                // A handshake that failed already (on the core thread)
+                // leaves a dead handle, which takes no keys; SQEs on the
+                // failed endpoint fail with its error before their key is
+                // looked at.
+                prop_assert!(failed_connect && i == 0, "{e}");
+                prop_assert_eq!(
+                    initiator.endpoint_state(ep).unwrap(),
+                    EndpointState::Failed(Status::PeerUnreachable)
+                );
+                0
+            }
+        };
         eps.push((ep, rkey, w.addr()));
     }
     let mut qp = initiator.create_queue().unwrap();
 
     // user_data -> (expects a CQE on success, must fail)
     let mut expected: HashMap<u64, (bool, bool)> = HashMap::new();
+    // The endpoint each SQE named.
+    let mut endpoint_of: HashMap<u64, usize> = HashMap::new();
     let mut seen: HashMap<u64, i32> = HashMap::new();
     let mut next_id = 0u64;
     let reap = |qp: &mut ringfence::QueuePair,
@@ -145,7 +194,7 @@ fn run_case(
             Step::Op { ep, kind, skip } => {
                 let (endpoint, rkey, base) = eps[*ep];
                 let (e, r) = (endpoint.as_raw(), |off: u64| RemoteBuf {
-                    rkey: rkey.as_raw(),
+                    rkey,
                     addr: base + off,
                 });
                 let (sqe, must_fail) = match kind {
@@ -214,6 +263,7 @@ fn run_case(
                     prop_assert!(Instant::now() < deadline, "SQ never drained");
                 }
                 expected.insert(next_id, (!*skip, must_fail));
+                endpoint_of.insert(next_id, *ep);
                 next_id += 1;
             }
             Step::Progress(n) => {
@@ -269,13 +319,20 @@ fn run_case(
             );
             prop_assert!(!must_fail, "{} should have failed", id);
         } else if !drop_early || *res != Status::Canceled.as_raw() {
+            let connect_error = failed_connect
+                && endpoint_of.get(id) == Some(&0)
+                && *res == Status::PeerUnreachable.as_raw();
             prop_assert!(
-                must_fail,
+                must_fail || connect_error,
                 "{} failed: {}",
                 id,
                 ringfence_ring::strerror(*res)
             );
         }
+    }
+    if let Some(sim) = &sim {
+        prop_assert!(sim.violations().is_empty(), "{:?}", sim.violations());
+        prop_assert_eq!(sim.stats().executed_uncommitted, 0);
     }
     if !drop_early {
         for (id, (cqe_on_success, must_fail)) in &expected {
@@ -307,6 +364,32 @@ proptest! {
         core_thread in prop::bool::weighted(0.2),
     ) {
         let mode = if next_poll { CompletionMode::NextPoll } else { CompletionMode::Immediate };
-        run_case(mode, lanes, &steps, drop_early, core_thread)?;
+        run_case(Over::Loopback(mode), lanes, &steps, drop_early, core_thread)?;
+    }
+}
+
+fn sim_timing() -> impl Strategy<Value = SimTiming> {
+    prop_oneof![
+        3 => (0u32..4).prop_map(SimTiming::Polls),
+        3 => (1u32..3, 0u32..8).prop_map(|(lo, extra)| SimTiming::PollsBetween(lo, lo + extra)),
+        1 => (0u64..200).prop_map(|us| SimTiming::Delay(Duration::from_micros(us))),
+    ]
+}
+
+proptest! {
+    // The same cases over the asynchronous seam.
+    #![proptest_config(ProptestConfig { cases: if cfg!(debug_assertions) { 200 } else { 1000 }, ..ProptestConfig::default() })]
+
+    #[test]
+    fn every_sqe_completes_exactly_once_over_the_async_seam(
+        timing in sim_timing(),
+        seed in any::<u64>(),
+        fail_connect in prop::bool::weighted(0.2),
+        lanes in 1u8..=4,
+        steps in prop::collection::vec(step(), 1..300),
+        drop_early in any::<bool>(),
+        core_thread in prop::bool::weighted(0.2),
+    ) {
+        run_case(Over::Sim(timing, seed, fail_connect), lanes, &steps, drop_early, core_thread)?;
     }
 }

@@ -2,11 +2,19 @@
 //! `FaultInjector`: one named test per rule family and per review warning
 //! (W1–W6), memory-effect tests on out-of-order lanes, and a model-based
 //! property test.
+//!
+//! Every test body runs twice (see `over_both!` at the end): over the
+//! injector on a synchronous loopback (`over_loopback::`), and over the
+//! injector on a `SimDriver` (`over_sim::`), where nothing executes before
+//! the round's commit, effects land only at completion, lanes complete out
+//! of order, and flushes wait for what they cover. Tests about the
+//! synchronous path alone (a flush finished inside its own start, runs of
+//! PUTs executed inline) run on loopback only, and say so.
 
 use proptest::prelude::*;
 use ringfence::{
-    CompletionMode, DriverEp, EndpointId, FaultHandle, FaultInjector, Loopback, OpKind, QueuePair,
-    RegisteredBuf, RkeyId, Timing, Worker,
+    CompletionMode, DriverEp, EndpointId, Executed, FaultHandle, FaultInjector, Loopback, OpKind,
+    QueuePair, RegisteredBuf, RkeyId, SimDriver, SimHandle, SimTiming, Timing, Worker,
 };
 use ringfence_ring::{CloseMode, Cqe, FenceMode, RemoteBuf, Sqe, Status};
 use std::collections::HashMap;
@@ -16,30 +24,59 @@ const BIG: u32 = 1024;
 const SLOT: u64 = 1024;
 const HANG: Duration = Duration::from_secs(30);
 
-/// An initiator whose driver is a FaultInjector over loopback, connected to
-/// `endpoints` targets; each target exposes a window of `slots` slots.
+/// The driver under the injector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Over {
+    /// Loopback, completing inside `post`: the injector owns all timing.
+    Loopback,
+    /// `SimDriver` over loopback, completing what the injector releases
+    /// to it with this timing after the commit that covers it.
+    Sim(SimTiming),
+}
+
+/// An initiator whose driver is a FaultInjector over loopback (or over a
+/// `SimDriver` over loopback), connected to `endpoints` targets; each
+/// target exposes a window of `slots` slots.
 struct Rig {
     _targets: Vec<Worker>,
     initiator: Worker,
     fault: FaultHandle,
+    sim: Option<SimHandle>,
     windows: Vec<RegisteredBuf>,
     eps: Vec<(EndpointId, RkeyId)>,
     src: RegisteredBuf,
     qp: QueuePair,
 }
 
-fn rig(lanes: u8, endpoints: usize, timing: Timing, cq: u32) -> Rig {
-    let (injector, fault) = FaultInjector::new(Loopback::with_mode(CompletionMode::Immediate));
+fn rig(over: Over, lanes: u8, endpoints: usize, timing: Timing, cq: u32) -> Rig {
+    let loopback = Loopback::with_mode(CompletionMode::Immediate);
+    let (initiator, fault, sim) = {
+        let mut builder = Worker::builder();
+        builder
+            .lanes(lanes)
+            .bw_threshold(BIG)
+            .ring_entries(1024, cq)
+            .requests(2048)
+            .ignore_env();
+        match over {
+            Over::Loopback => {
+                let (injector, fault) = FaultInjector::new(loopback);
+                (builder.driver(injector).build().unwrap(), fault, None)
+            }
+            Over::Sim(timing) => {
+                let (sim, handle) = SimDriver::new(loopback);
+                handle.set_timing(timing);
+                handle.seed(u64::from(lanes) * 31 + endpoints as u64);
+                let (injector, fault) = FaultInjector::new(sim);
+                (
+                    builder.driver(injector).build().unwrap(),
+                    fault,
+                    Some(handle),
+                )
+            }
+        }
+    };
     fault.set_timing(timing);
-    let initiator = Worker::builder()
-        .driver(injector)
-        .lanes(lanes)
-        .bw_threshold(BIG)
-        .ring_entries(1024, cq)
-        .requests(2048)
-        .ignore_env()
-        .build()
-        .unwrap();
     let mut targets = Vec::new();
     let mut windows = Vec::new();
     let mut eps = Vec::new();
@@ -66,6 +103,7 @@ fn rig(lanes: u8, endpoints: usize, timing: Timing, cq: u32) -> Rig {
         _targets: targets,
         initiator,
         fault,
+        sim,
         windows,
         eps,
         src,
@@ -74,6 +112,24 @@ fn rig(lanes: u8, endpoints: usize, timing: Timing, cq: u32) -> Rig {
 }
 
 impl Rig {
+    /// The operations that took effect at the target, in order: recorded
+    /// by the injector when its inner driver completes inside `post`, by
+    /// the `SimDriver` (which executes them late) otherwise.
+    fn log(&self) -> Vec<Executed> {
+        match &self.sim {
+            Some(sim) => sim.log(),
+            None => self.fault.log(),
+        }
+    }
+
+    /// Seeds the injector's shuffles and the simulated driver's lane order.
+    fn seed(&self, seed: u64) {
+        self.fault.seed(seed);
+        if let Some(sim) = &self.sim {
+            sim.seed(seed);
+        }
+    }
+
     fn ep(&self, e: usize) -> u32 {
         self.eps[e].0.as_raw()
     }
@@ -133,6 +189,10 @@ impl Rig {
             None,
             "more CQEs than submitted SQEs"
         );
+        if let Some(sim) = &self.sim {
+            assert!(sim.violations().is_empty(), "{:?}", sim.violations());
+            assert_eq!(sim.stats().executed_uncommitted, 0);
+        }
         out
     }
 
@@ -184,9 +244,8 @@ fn all_ok(cqes: &[Cqe]) {
 
 // ---------------------------------------------------------------- §2 fences
 
-#[test]
-fn r5_a_fence_completes_at_once_and_orders() {
-    let mut r = rig(3, 1, Timing::Delayed(5), 256);
+fn r5_a_fence_completes_at_once_and_orders(over: Over) {
+    let mut r = rig(over, 3, 1, Timing::Delayed(5), 256);
     let ep = r.ep(0);
     let sqes = [
         r.put(0, 0, true, false),
@@ -203,16 +262,15 @@ fn r5_a_fence_completes_at_once_and_orders() {
     assert_eq!(r.byte_at(0, 0), 0xbb);
 }
 
-#[test]
-fn r7_put_fence_put_same_address_across_unordered_lanes_ends_with_b() {
+fn r7_put_fence_put_same_address_across_unordered_lanes_ends_with_b(over: Over) {
     // Lanes deliver out of order (shuffled, unordered): without the fence B
     // can land first; with it, never.
     let mut b_first_without_fence = 0;
     for seed in 0..100u64 {
         for fenced in [true, false] {
-            let mut r = rig(3, 1, Timing::Reordered, 256);
+            let mut r = rig(over, 3, 1, Timing::Reordered, 256);
             r.fault.set_unordered(0b110);
-            r.fault.seed(seed);
+            r.seed(seed);
             let ep = r.ep(0);
             let mut sqes = vec![r.put(0, 0, true, false)];
             if fenced {
@@ -220,7 +278,7 @@ fn r7_put_fence_put_same_address_across_unordered_lanes_ends_with_b() {
             }
             sqes.push(r.put(0, 0, true, true));
             all_ok(&r.run(&sqes));
-            let log = r.fault.log();
+            let log = r.log();
             let lanes: Vec<u8> = log.iter().map(|x| x.lane).collect();
             assert_eq!(lanes.len(), 2);
             assert_ne!(lanes[0], lanes[1], "A and B travel on two lanes");
@@ -237,9 +295,8 @@ fn r7_put_fence_put_same_address_across_unordered_lanes_ends_with_b() {
     );
 }
 
-#[test]
-fn r8_weak_fence_on_one_ordered_lane_is_a_fence_flag_not_a_flush() {
-    let mut r = rig(1, 1, Timing::NextPoll, 256);
+fn r8_weak_fence_on_one_ordered_lane_is_a_fence_flag_not_a_flush(over: Over) {
+    let mut r = rig(over, 1, 1, Timing::NextPoll, 256);
     let ep = r.ep(0);
     all_ok(&r.run(&[
         r.put(0, 0, false, false),
@@ -248,7 +305,7 @@ fn r8_weak_fence_on_one_ordered_lane_is_a_fence_flag_not_a_flush() {
     ]));
     let s = r.stats(0);
     assert_eq!((s.weak_fences, s.flushes), (1, 0));
-    let log = r.fault.log();
+    let log = r.log();
     assert_eq!(
         log.iter().map(|x| x.fence).collect::<Vec<_>>(),
         vec![false, true],
@@ -257,9 +314,8 @@ fn r8_weak_fence_on_one_ordered_lane_is_a_fence_flag_not_a_flush() {
     assert_eq!(r.byte_at(0, 0), 0xbb);
 }
 
-#[test]
-fn r9_strong_fence_flushes_exactly_the_dirty_lanes() {
-    let mut r = rig(4, 1, Timing::NextPoll, 256);
+fn r9_strong_fence_flushes_exactly_the_dirty_lanes(over: Over) {
+    let mut r = rig(over, 4, 1, Timing::NextPoll, 256);
     let ep = r.ep(0);
     // Big PUTs go to lanes 1 and 2; the fence must flush {1, 2}, not lane 0
     // or 3; a weak fence across two lanes becomes strong too.
@@ -275,7 +331,7 @@ fn r9_strong_fence_flushes_exactly_the_dirty_lanes() {
     );
     assert_eq!(r.stats(0).weak_fences, 0);
     // The same lane, but unordered: strong as well (R9).
-    let mut r = rig(1, 1, Timing::NextPoll, 256);
+    let mut r = rig(over, 1, 1, Timing::NextPoll, 256);
     r.fault.set_unordered(0b1);
     let ep = r.ep(0);
     all_ok(&r.run(&[
@@ -286,9 +342,8 @@ fn r9_strong_fence_flushes_exactly_the_dirty_lanes() {
     assert_eq!((r.stats(0).weak_fences, r.stats(0).flushes), (0, 1));
 }
 
-#[test]
-fn r10_a_fence_with_nothing_outstanding_is_free() {
-    let mut r = rig(4, 1, Timing::NextPoll, 256);
+fn r10_a_fence_with_nothing_outstanding_is_free(over: Over) {
+    let mut r = rig(over, 4, 1, Timing::NextPoll, 256);
     let ep = r.ep(0);
     all_ok(&r.run(&[strong(ep), weak(ep), strong(ep), r.put(0, 0, true, false)]));
     let s = r.stats(0);
@@ -296,9 +351,8 @@ fn r10_a_fence_with_nothing_outstanding_is_free() {
     assert!(r.fault.flushes().is_empty());
 }
 
-#[test]
-fn r11_a_fence_storm_collapses_into_one_boundary() {
-    let mut r = rig(4, 1, Timing::NextPoll, 2048);
+fn r11_a_fence_storm_collapses_into_one_boundary(over: Over) {
+    let mut r = rig(over, 4, 1, Timing::NextPoll, 2048);
     let ep = r.ep(0);
     let mut sqes = vec![r.put(0, 0, true, false), r.put(0, 1, true, false)];
     sqes.extend((0..500).map(|i| if i % 2 == 0 { strong(ep) } else { weak(ep) }));
@@ -309,9 +363,8 @@ fn r11_a_fence_storm_collapses_into_one_boundary() {
 
 // ---------------------------------------------------------------- §3 epochs
 
-#[test]
-fn r13_r16_r18_later_requests_wait_in_order_behind_the_one_flush_in_flight() {
-    let mut r = rig(4, 1, Timing::Delayed(3), 1024);
+fn r13_r16_r18_later_requests_wait_in_order_behind_the_one_flush_in_flight(over: Over) {
+    let mut r = rig(over, 4, 1, Timing::Delayed(3), 1024);
     let ep = r.ep(0);
     let mut sqes = vec![r.put(0, 0, true, false)];
     for round in 1..=3u64 {
@@ -321,8 +374,8 @@ fn r13_r16_r18_later_requests_wait_in_order_behind_the_one_flush_in_flight() {
     all_ok(&r.run(&sqes));
     // Three boundaries, three flushes, each after everything before it.
     assert_eq!(r.fault.flushes().len(), 3);
-    let log = r.fault.log();
-    let round_of = |x: &ringfence::Executed| (x.remote_addr - r.windows[0].addr()) / SLOT / 16;
+    let log = r.log();
+    let round_of = |x: &Executed| (x.remote_addr - r.windows[0].addr()) / SLOT / 16;
     let rounds: Vec<u64> = log.iter().map(round_of).collect();
     assert!(
         rounds.windows(2).all(|w| w[0] <= w[1]),
@@ -331,9 +384,8 @@ fn r13_r16_r18_later_requests_wait_in_order_behind_the_one_flush_in_flight() {
     assert!(r.stats(0).deferrals >= 30);
 }
 
-#[test]
-fn r16_r45_other_endpoints_keep_flowing_while_one_waits_on_its_flush() {
-    let mut r = rig(4, 2, Timing::Delayed(10), 256);
+fn r16_r45_other_endpoints_keep_flowing_while_one_waits_on_its_flush(over: Over) {
+    let mut r = rig(over, 4, 2, Timing::Delayed(10), 256);
     let (a, b) = (r.ep(0), r.ep(1));
     let mut sqes = vec![
         r.put(0, 0, true, false),
@@ -366,9 +418,8 @@ fn r16_r45_other_endpoints_keep_flowing_while_one_waits_on_its_flush() {
 
 // ---------------------------------------------------------------- §4 flush
 
-#[test]
-fn r21_r23_a_user_flush_covers_deferred_requests_and_not_later_ones() {
-    let mut r = rig(4, 1, Timing::Delayed(3), 256);
+fn r21_r23_a_user_flush_covers_deferred_requests_and_not_later_ones(over: Over) {
+    let mut r = rig(over, 4, 1, Timing::Delayed(3), 256);
     let ep = r.ep(0);
     let sqes = [
         r.put(0, 0, true, false).with_user_data(1),
@@ -396,7 +447,7 @@ fn r21_r23_a_user_flush_covers_deferred_requests_and_not_later_ones() {
             "the flush waited for a later PUT"
         );
     }
-    let log = r.fault.log();
+    let log = r.log();
     let slots: Vec<u64> = log
         .iter()
         .map(|x| (x.remote_addr - r.windows[0].addr()) / SLOT)
@@ -408,9 +459,8 @@ fn r21_r23_a_user_flush_covers_deferred_requests_and_not_later_ones() {
     assert!(!slots.contains(&2));
 }
 
-#[test]
-fn r24_an_empty_flush_completes_at_once_without_the_driver() {
-    let mut r = rig(2, 1, Timing::Delayed(5), 256);
+fn r24_an_empty_flush_completes_at_once_without_the_driver(over: Over) {
+    let mut r = rig(over, 2, 1, Timing::Delayed(5), 256);
     let ep = r.ep(0);
     all_ok(&r.run(&[Sqe::flush(ep)]));
     assert!(r.fault.flushes().is_empty());
@@ -418,14 +468,13 @@ fn r24_an_empty_flush_completes_at_once_without_the_driver() {
 
 // ---------------------------------------------------------------- §5 atomics
 
-#[test]
-fn r27_r29_atomics_join_epochs_add_fence_fadd_sees_every_add() {
+fn r27_r29_atomics_join_epochs_add_fence_fadd_sees_every_add(over: Over) {
     // UCX's test_ucp_fence: add, fence, fetch-add, 500 times; the fetched
     // value must be i + 1. Atomics use the last lane; the lanes are
     // unordered and shuffled, so only the fence can order the add before the
     // fetch-add (R27, R28); the fetched value is valid at the CQE (R29).
     for mode in [FenceMode::STRONG, FenceMode::WEAK] {
-        let mut r = rig(3, 1, Timing::Reordered, 256);
+        let mut r = rig(over, 3, 1, Timing::Reordered, 256);
         r.fault.set_unordered(0b111);
         let ep = r.ep(0);
         for i in 0..500u64 {
@@ -448,9 +497,8 @@ fn r27_r29_atomics_join_epochs_add_fence_fadd_sees_every_add() {
 
 // ---------------------------------------------------------------- §6 errors
 
-#[test]
-fn r33_error_during_an_in_flight_fence_flush_with_1000_deferred_requests() {
-    let mut r = rig(4, 1, Timing::Delayed(2), 2048);
+fn r33_error_during_an_in_flight_fence_flush_with_1000_deferred_requests(over: Over) {
+    let mut r = rig(over, 4, 1, Timing::Delayed(2), 2048);
     r.fault.fail_flush(0, Status::Transport);
     let ep = r.ep(0);
     let mut sqes = vec![r.put(0, 0, true, false), strong(ep)];
@@ -473,9 +521,8 @@ fn r33_error_during_an_in_flight_fence_flush_with_1000_deferred_requests() {
     assert_eq!(r.run(&[strong(ep)])[0].res, 0);
 }
 
-#[test]
-fn r31_r35_a_failed_post_completes_once_and_only_that_operation_fails() {
-    let mut r = rig(2, 1, Timing::NextPoll, 256);
+fn r31_r35_a_failed_post_completes_once_and_only_that_operation_fails(over: Over) {
+    let mut r = rig(over, 2, 1, Timing::NextPoll, 256);
     r.fault.fail_post(1, Status::AccessDenied);
     let cqes = r.run(&[
         r.put(0, 0, false, false),
@@ -486,9 +533,8 @@ fn r31_r35_a_failed_post_completes_once_and_only_that_operation_fails() {
     assert_eq!(res, vec![8, Status::AccessDenied.as_raw(), 8]);
 }
 
-#[test]
-fn r19_no_resource_sends_the_head_back_to_the_head_of_the_queue() {
-    let mut r = rig(3, 1, Timing::NextPoll, 256);
+fn r19_no_resource_sends_the_head_back_to_the_head_of_the_queue(over: Over) {
+    let mut r = rig(over, 3, 1, Timing::NextPoll, 256);
     r.fault.no_resource(7);
     let ep = r.ep(0);
     let sqes: Vec<Sqe> = (0..20)
@@ -501,7 +547,7 @@ fn r19_no_resource_sends_the_head_back_to_the_head_of_the_queue() {
         })
         .collect();
     all_ok(&r.run(&sqes));
-    let log = r.fault.log();
+    let log = r.log();
     let slots: Vec<u64> = log
         .iter()
         .map(|x| (x.remote_addr - r.windows[0].addr()) / SLOT)
@@ -526,9 +572,8 @@ fn r19_no_resource_sends_the_head_back_to_the_head_of_the_queue() {
 
 // ---------------------------------------------------------------- §7 generations
 
-#[test]
-fn r38_a_lane_replaced_while_dirty_widens_the_flush_to_every_lane() {
-    let mut r = rig(4, 1, Timing::NextPoll, 256);
+fn r38_a_lane_replaced_while_dirty_widens_the_flush_to_every_lane(over: Over) {
+    let mut r = rig(over, 4, 1, Timing::NextPoll, 256);
     let ep = r.ep(0);
     all_ok(&r.run(&[r.put(0, 0, true, false)]));
     r.fault.bump_generation(DriverEp(0), 1);
@@ -539,9 +584,8 @@ fn r38_a_lane_replaced_while_dirty_widens_the_flush_to_every_lane() {
     );
 }
 
-#[test]
-fn r39_a_lane_replaced_during_the_flush_is_flushed_again_before_the_epoch_moves() {
-    let mut r = rig(4, 1, Timing::Delayed(3), 256);
+fn r39_a_lane_replaced_during_the_flush_is_flushed_again_before_the_epoch_moves(over: Over) {
+    let mut r = rig(over, 4, 1, Timing::Delayed(3), 256);
     let ep = r.ep(0);
     r.submit(&[
         r.put(0, 0, true, false).with_user_data(0),
@@ -566,9 +610,8 @@ fn r39_a_lane_replaced_during_the_flush_is_flushed_again_before_the_epoch_moves(
 
 // ---------------------------------------------------------------- §8 close
 
-#[test]
-fn r41_a_graceful_close_drains_flushes_and_completes_last() {
-    let mut r = rig(4, 1, Timing::Delayed(2), 256);
+fn r41_a_graceful_close_drains_flushes_and_completes_last(over: Over) {
+    let mut r = rig(over, 4, 1, Timing::Delayed(2), 256);
     let ep = r.ep(0);
     let sqes = [
         r.put(0, 0, true, false),
@@ -596,9 +639,8 @@ fn r41_a_graceful_close_drains_flushes_and_completes_last() {
     );
 }
 
-#[test]
-fn r42_a_forced_close_cancels_the_queue_in_fifo_order() {
-    let mut r = rig(4, 1, Timing::Delayed(50), 256);
+fn r42_a_forced_close_cancels_the_queue_in_fifo_order(over: Over) {
+    let mut r = rig(over, 4, 1, Timing::Delayed(50), 256);
     let ep = r.ep(0);
     let mut sqes = vec![r.put(0, 0, true, false), strong(ep)];
     sqes.extend((0..20).map(|k| r.put(0, 1 + k, true, true)));
@@ -626,9 +668,8 @@ fn r42_a_forced_close_cancels_the_queue_in_fifo_order() {
     );
 }
 
-#[test]
-fn r44_dropping_the_worker_with_fence_work_outstanding_cancels_it_all() {
-    let mut r = rig(4, 2, Timing::Delayed(100), 256);
+fn r44_dropping_the_worker_with_fence_work_outstanding_cancels_it_all(over: Over) {
+    let mut r = rig(over, 4, 2, Timing::Delayed(100), 256);
     let mut sqes = Vec::new();
     for e in 0..2 {
         let ep = r.ep(e);
@@ -660,11 +701,10 @@ fn r44_dropping_the_worker_with_fence_work_outstanding_cancels_it_all() {
 
 // ---------------------------------------------------------------- §9 ring
 
-#[test]
-fn r47_cq_full_exactly_when_an_epoch_completes() {
+fn r47_cq_full_exactly_when_an_epoch_completes(over: Over) {
     // 16 CQ entries; 200 requests wait behind one fence and become ready in
     // the same round the flush completes.
-    let mut r = rig(4, 1, Timing::Delayed(4), 16);
+    let mut r = rig(over, 4, 1, Timing::Delayed(4), 16);
     let ep = r.ep(0);
     let mut sqes = vec![r.put(0, 0, true, false), strong(ep)];
     sqes.extend((0..200).map(|k| r.put(0, 1 + k % 300, false, true)));
@@ -696,9 +736,11 @@ fn r47_cq_full_exactly_when_an_epoch_completes() {
 
 // ---------------------------------------------------------------- W1-W6
 
+/// Loopback only: a flush that finishes inside its own start needs a
+/// driver that finishes flushes inside the call.
 #[test]
 fn w1_a_flush_that_completes_synchronously_inside_its_own_start() {
-    let mut r = rig(4, 1, Timing::Synchronous, 256);
+    let mut r = rig(Over::Loopback, 4, 1, Timing::Synchronous, 256);
     let ep = r.ep(0);
     let mut sqes = Vec::new();
     for k in 0..50 {
@@ -718,9 +760,8 @@ fn w1_a_flush_that_completes_synchronously_inside_its_own_start() {
     assert_eq!(r.byte_at(0, 49), 0xbb);
 }
 
-#[test]
-fn w2_lanes_dirtied_after_a_flush_started_stay_dirty() {
-    let mut r = rig(4, 1, Timing::Delayed(3), 256);
+fn w2_lanes_dirtied_after_a_flush_started_stay_dirty(over: Over) {
+    let mut r = rig(over, 4, 1, Timing::Delayed(3), 256);
     let ep = r.ep(0);
     // Flush 1 covers lane 1 only; lane 2 is written after it started (by
     // the request it admits); flush 2 must cover lane 2, and not lane 1.
@@ -737,9 +778,8 @@ fn w2_lanes_dirtied_after_a_flush_started_stay_dirty() {
     );
 }
 
-#[test]
-fn w3_deferral_and_back_pressure_never_surface_as_a_status() {
-    let mut r = rig(3, 1, Timing::Delayed(2), 1024);
+fn w3_deferral_and_back_pressure_never_surface_as_a_status(over: Over) {
+    let mut r = rig(over, 3, 1, Timing::Delayed(2), 1024);
     r.fault.no_resource(25);
     let ep = r.ep(0);
     let sqes: Vec<Sqe> = (0..300)
@@ -757,12 +797,11 @@ fn w3_deferral_and_back_pressure_never_surface_as_a_status() {
     }
 }
 
-#[test]
-fn w4_a_straggler_blocked_before_the_snapshot_is_covered() {
+fn w4_a_straggler_blocked_before_the_snapshot_is_covered(over: Over) {
     // The op before the fence is refused by the driver (NO_RESOURCE) when
     // it first tries; the boundary flush must not start without it (R17).
     for blocked in 1..5 {
-        let mut r = rig(3, 1, Timing::NextPoll, 256);
+        let mut r = rig(over, 3, 1, Timing::NextPoll, 256);
         r.fault.no_resource(blocked);
         let ep = r.ep(0);
         all_ok(&r.run(&[
@@ -770,15 +809,14 @@ fn w4_a_straggler_blocked_before_the_snapshot_is_covered() {
             strong(ep),
             r.put(0, 0, true, true),
         ]));
-        let log = r.fault.log();
+        let log = r.log();
         assert_eq!(log.len(), 2);
         assert_eq!(r.byte_at(0, 0), 0xbb, "blocked {blocked}: B overtook A");
     }
 }
 
-#[test]
-fn w5_the_first_error_is_the_one_source_of_truth() {
-    let mut r = rig(3, 1, Timing::NextPoll, 256);
+fn w5_the_first_error_is_the_one_source_of_truth(over: Over) {
+    let mut r = rig(over, 3, 1, Timing::NextPoll, 256);
     r.fault.fail_flush(0, Status::Timeout);
     r.fault.fail_post(2, Status::Transport);
     let ep = r.ep(0);
@@ -842,6 +880,13 @@ fn timing() -> impl Strategy<Value = Timing> {
     ]
 }
 
+fn sim_timing() -> impl Strategy<Value = SimTiming> {
+    prop_oneof![
+        (0u32..4).prop_map(SimTiming::Polls),
+        (1u32..3, 0u32..6).prop_map(|(lo, extra)| SimTiming::PollsBetween(lo, lo + extra)),
+    ]
+}
+
 /// What the model knows of one submitted request.
 #[derive(Debug, Clone)]
 struct Model {
@@ -855,15 +900,16 @@ struct Model {
 }
 
 fn run_model(
+    over: Over,
     lanes: u8,
     unordered: u64,
     timing: Timing,
     seed: u64,
     steps: &[Step],
 ) -> Result<(), TestCaseError> {
-    let mut r = rig(lanes, 2, timing, 64);
+    let mut r = rig(over, lanes, 2, timing, 64);
     r.fault.set_unordered(unordered);
-    r.fault.seed(seed);
+    r.seed(seed);
     let mut target_qps: Vec<QueuePair> = r
         ._targets
         .iter()
@@ -889,7 +935,7 @@ fn run_model(
                 c.user_data
             );
             if model[c.user_data as usize].flush && c.res >= 0 {
-                flush_seen.insert(c.user_data, r.fault.log().len());
+                flush_seen.insert(c.user_data, r.log().len());
             }
         }
         Ok(())
@@ -982,7 +1028,7 @@ fn run_model(
                 flush: is_flush,
             });
             r.submit(&[sqe.with_user_data(id)]);
-            posts = r.fault.log().len() as u64; // a rough cursor: injected failures hit a later post
+            posts = r.log().len() as u64; // a rough cursor: injected failures hit a later post
             flushes = r.fault.flushes().len() as u64;
         }
     }
@@ -1013,8 +1059,8 @@ fn run_model(
         prop_assert!(ok, "{}: {}", id, ringfence_ring::strerror(*res));
     }
     // The order of effects at the targets respects every fence boundary.
-    let log = r.fault.log();
-    let id_of = |x: &ringfence::Executed| -> u64 {
+    let log = r.log();
+    let id_of = |x: &Executed| -> u64 {
         if x.kind == OpKind::Notify {
             x.operand
         } else {
@@ -1099,7 +1145,29 @@ proptest! {
         seed in any::<u64>(),
         steps in prop::collection::vec(step(), 1..150),
     ) {
-        run_model(lanes, unordered, timing, seed, &steps)?;
+        run_model(Over::Loopback, lanes, unordered, timing, seed, &steps)?;
+    }
+}
+
+proptest! {
+    // The same model over the asynchronous seam: fewer cases (each runs
+    // more rounds), the simulated driver's timing and seed drawn too.
+    #![proptest_config(ProptestConfig {
+        cases: if cfg!(debug_assertions) { 500 } else { 3000 },
+        failure_persistence: Some(Box::new(proptest::test_runner::FileFailurePersistence::WithSource("proptest-regressions"))),
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn model_fence_boundaries_hold_over_faulty_lanes_on_the_async_seam(
+        lanes in 1u8..=4,
+        unordered in 0u64..16,
+        timing in timing(),
+        sim_timing in sim_timing(),
+        seed in any::<u64>(),
+        steps in prop::collection::vec(step(), 1..150),
+    ) {
+        run_model(Over::Sim(sim_timing), lanes, unordered, timing, seed, &steps)?;
     }
 }
 
@@ -1109,10 +1177,12 @@ proptest! {
 /// PUT, a fatal one (R20, R32) fails the endpoint, and every later SQE of
 /// the batch completes with the sticky error. NO_RESOURCE in the middle of
 /// a run leaves the rest to the one-at-a-time path. Every SQE gets exactly
-/// one CQE, and the log shows what ran, in order.
+/// one CQE, and the log shows what ran, in order. Loopback only: runs go
+/// through `Driver::execute`, which only drivers that finish operations
+/// inside the call offer.
 #[test]
 fn r31_r32_a_failure_in_the_middle_of_a_run_of_puts() {
-    let mut r = rig(1, 1, Timing::Synchronous, 256);
+    let mut r = rig(Over::Loopback, 1, 1, Timing::Synchronous, 256);
     let puts = |r: &Rig, from: u64| -> Vec<Sqe> {
         (0..20).map(|k| r.put(0, from + k, false, false)).collect()
     };
@@ -1127,13 +1197,13 @@ fn r31_r32_a_failure_in_the_middle_of_a_run_of_puts() {
         .collect();
     assert_eq!(failed, vec![5]);
     assert_eq!(cqes[5].res, Status::AccessDenied.as_raw());
-    assert_eq!(r.fault.log().len(), 19, "all but the refused PUT ran");
+    assert_eq!(r.log().len(), 19, "all but the refused PUT ran");
 
     // Back-pressure for the next two posts: the run stops, the rest is
     // posted one by one, and all of it lands.
     r.fault.no_resource(2);
     all_ok(&r.run(&puts(&r, 20)));
-    assert_eq!(r.fault.log().len(), 39);
+    assert_eq!(r.log().len(), 39);
 
     // A fatal failure at post 45 (the 6th PUT of this batch): the endpoint
     // fails, and nothing after it runs.
@@ -1147,11 +1217,7 @@ fn r31_r32_a_failure_in_the_middle_of_a_run_of_puts() {
         };
         assert_eq!(c.res, want, "{c:?}");
     }
-    assert_eq!(
-        r.fault.log().len(),
-        44,
-        "nothing ran after the fatal failure"
-    );
+    assert_eq!(r.log().len(), 44, "nothing ran after the fatal failure");
     // The worker counts every SQE; the endpoint those that reached it (the
     // 14 refused at submission by its sticky error are the worker's alone).
     let stats = r.initiator.stats();
@@ -1159,3 +1225,54 @@ fn r31_r32_a_failure_in_the_middle_of_a_run_of_puts() {
     let stats = r.stats(0);
     assert_eq!((stats.ops, stats.errors), (46, 2), "{stats:?}");
 }
+
+/// Each body above that takes an `Over` runs as two tests: over the
+/// injector on loopback, and over the injector on the asynchronous seam,
+/// where each operation and flush completes 1 to 4 polls after its commit.
+macro_rules! over_both {
+    ($($name:ident),* $(,)?) => {
+        mod over_loopback {
+            $(
+                #[test]
+                fn $name() {
+                    super::$name(super::Over::Loopback);
+                }
+            )*
+        }
+        mod over_sim {
+            $(
+                #[test]
+                fn $name() {
+                    super::$name(super::Over::Sim(super::SimTiming::PollsBetween(1, 4)));
+                }
+            )*
+        }
+    };
+}
+
+over_both!(
+    r5_a_fence_completes_at_once_and_orders,
+    r7_put_fence_put_same_address_across_unordered_lanes_ends_with_b,
+    r8_weak_fence_on_one_ordered_lane_is_a_fence_flag_not_a_flush,
+    r9_strong_fence_flushes_exactly_the_dirty_lanes,
+    r10_a_fence_with_nothing_outstanding_is_free,
+    r11_a_fence_storm_collapses_into_one_boundary,
+    r13_r16_r18_later_requests_wait_in_order_behind_the_one_flush_in_flight,
+    r16_r45_other_endpoints_keep_flowing_while_one_waits_on_its_flush,
+    r21_r23_a_user_flush_covers_deferred_requests_and_not_later_ones,
+    r24_an_empty_flush_completes_at_once_without_the_driver,
+    r27_r29_atomics_join_epochs_add_fence_fadd_sees_every_add,
+    r33_error_during_an_in_flight_fence_flush_with_1000_deferred_requests,
+    r31_r35_a_failed_post_completes_once_and_only_that_operation_fails,
+    r19_no_resource_sends_the_head_back_to_the_head_of_the_queue,
+    r38_a_lane_replaced_while_dirty_widens_the_flush_to_every_lane,
+    r39_a_lane_replaced_during_the_flush_is_flushed_again_before_the_epoch_moves,
+    r41_a_graceful_close_drains_flushes_and_completes_last,
+    r42_a_forced_close_cancels_the_queue_in_fifo_order,
+    r44_dropping_the_worker_with_fence_work_outstanding_cancels_it_all,
+    r47_cq_full_exactly_when_an_epoch_completes,
+    w2_lanes_dirtied_after_a_flush_started_stay_dirty,
+    w3_deferral_and_back_pressure_never_surface_as_a_status,
+    w4_a_straggler_blocked_before_the_snapshot_is_covered,
+    w5_the_first_error_is_the_one_source_of_truth,
+);

@@ -59,7 +59,15 @@ impl Engine {
         for d in &mut self.drivers {
             d.quiesce(Quiesce::All);
         }
-        self.poll_drivers();
+        // What the quiesce canceled comes out of the next polls, and one
+        // `poll_drivers` takes at most `POLL_BATCHES` batches per driver:
+        // poll until the drivers have nothing more (bounded, in case one
+        // never stops returning completions).
+        for _ in 0..1000 {
+            if self.poll_drivers() == 0 {
+                break;
+            }
+        }
         for qi in 0..self.queues.len() {
             let q = &self.queues[qi];
             let posted: Vec<u32> = (0..q.pool_len())
