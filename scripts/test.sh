@@ -80,6 +80,11 @@ RUSTDOCFLAGS="-D warnings" run_step docs cargo doc --workspace --no-deps --locke
 # change does not throw away the main build.
 CARGO_TARGET_DIR=target/loom RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 \
   run_step loom cargo test -p ringfence-ring --release --test loom --locked
+# Loom models of the core thread's sleep (SQ NEED_WAKEUP, a notification
+# flag and a driver's wake descriptor against `ringfence_ring::sleep`), in
+# the same loom target dir.
+CARGO_TARGET_DIR=target/loom RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 \
+  run_step loom-sleep cargo test -p ringfence-ring --release --test loom_sleep --locked
 
 # Miri over the ring's unsafe code (regions and doorbells need system calls
 # miri does not model; those tests say so and are skipped under miri).

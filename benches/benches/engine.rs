@@ -2,7 +2,8 @@
 //! the kernel's io_uring, and 8-byte PUTs through the engine over the
 //! loopback driver.
 //!
-//! Every contender runs the same loop on the bench thread (`drive`): it
+//! Every contender of the throughput groups (`nop_roundtrip`,
+//! `loopback_put_8B`) runs the same loop on the bench thread (`drive`): it
 //! writes a batch of 32 operations (user_data `i..i + 32`), submits it,
 //! and keeps writing batches while at most 128 operations (four batches)
 //! are in flight, i.e. submitted but not yet reaped; then it reaps what
@@ -25,9 +26,17 @@
 //!   target worker's registered window, through an endpoint of the loopback
 //!   driver (which copies inside `post`), inline or with a core thread.
 //!
+//! - `wake`: latency of one operation from a sleeping core thread
+//!   (`ringfence/core_thread_asleep`: an 8-byte loopback PUT, submit to
+//!   CQE, the bench thread spinning on its CQ) beside a plain eventfd wake
+//!   between two threads (`eventfd/pingpong`). Each round trip starts with
+//!   its sleeper asleep for `WAKE_GAP`; both sleepers run on the core
+//!   thread's default CPU, the bench thread on its own.
+//!
 //! Before any timing, each contender runs 10,000 operations and checks that
 //! every user_data came back exactly once with the expected result (0 for a
-//! NOP, 8 for a PUT) and, for PUTs, that the window holds the source bytes.
+//! NOP, 8 for a PUT) and, for PUTs, that the window holds the source bytes
+//! (the `wake` group: 200 round trips each, the same checks for its PUTs).
 //! If io_uring is not available (kernel or seccomp), its function is skipped
 //! with a message.
 //!
@@ -35,7 +44,8 @@
 //! the core thread): on a machine with two vCPUs they need both, and their
 //! figures collapse whenever anything else runs.
 //!
-//! Run: `cargo bench -p ringfence-benches --bench engine`.
+//! Run: `cargo bench -p ringfence-benches --bench engine` (add `-- wake`
+//! for the `wake` group alone).
 
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, BenchmarkId, Criterion, Throughput};
@@ -331,5 +341,232 @@ fn loopback_put_8b(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, nop_roundtrip, loopback_put_8b);
+// ------------------------------------------------------------ wake
+
+/// How long the sleeper has been asleep when a timed wake starts: every
+/// contender waits this long (spinning) after its sleeper went to sleep,
+/// so the sleeper's CPU is as idle in both.
+const WAKE_GAP: Duration = Duration::from_micros(200);
+/// Round trips in each correctness check of the `wake` group.
+const WAKE_CHECK: u64 = 200;
+/// How long a sleeper may take to fall asleep or answer before the bench
+/// gives up (a hang, not a figure).
+const WAKE_DEADLINE: Duration = Duration::from_secs(10);
+
+fn spin_for(d: Duration) {
+    let start = Instant::now();
+    while start.elapsed() < d {
+        spin_loop();
+    }
+}
+
+/// The CPU this thread runs on, and where each sleeper of the `wake` group
+/// runs: the core thread's default placement (`Worker::start_core_thread`),
+/// the highest-numbered CPU of this thread's allowed set other than that
+/// one, if there is one.
+fn wake_cpus() -> (Option<usize>, Option<usize>) {
+    use nix::sched::{CpuSet, sched_getaffinity, sched_getcpu};
+    let here = sched_getcpu().ok();
+    let Ok(allowed) = sched_getaffinity(nix::unistd::Pid::from_raw(0)) else {
+        return (here, None);
+    };
+    let other = (0..CpuSet::count())
+        .rev()
+        .find(|&cpu| Some(cpu) != here && allowed.is_set(cpu).unwrap_or(false));
+    (here, other)
+}
+
+fn pin(cpu: usize) {
+    let mut set = nix::sched::CpuSet::new();
+    set.set(cpu).expect("a CPU of the allowed set");
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).expect("sched_setaffinity");
+}
+
+/// One 8-byte PUT at a time through a loopback worker whose core thread
+/// sleeps between them: each timed round trip starts with the core thread
+/// asleep (in its wait on the SQ doorbell and the drivers' descriptors,
+/// for `WAKE_GAP`), and ends when the bench thread, spinning on its CQ,
+/// reaps the CQE.
+struct AsleepRig {
+    rig: PutRig,
+    next: u64,
+}
+
+impl AsleepRig {
+    /// The core thread runs on `cpu` (unpinned if `None`).
+    fn new(cpu: Option<usize>) -> AsleepRig {
+        let mut rig = PutRig::new(false).expect("loopback PUT setup");
+        rig.rig
+            .worker
+            .start_core_thread(cpu)
+            .expect("a core thread");
+        rig.rig.inline = false;
+        AsleepRig { rig, next: 0 }
+    }
+
+    /// Waits until the core thread has gone to sleep again since the last
+    /// round trip and slept for `WAKE_GAP`.
+    fn until_asleep(&self, after: u64) {
+        let worker = &self.rig.rig.worker;
+        let deadline = Instant::now() + WAKE_DEADLINE;
+        loop {
+            assert!(Instant::now() < deadline, "the core thread never slept");
+            if worker.core_thread_sleeps() > after && worker.is_core_thread_asleep() {
+                spin_for(WAKE_GAP);
+                if worker.is_core_thread_asleep() {
+                    return;
+                }
+            }
+            spin_loop();
+        }
+    }
+
+    /// One timed round trip; returns its time and the CQE's result.
+    fn round_trip(&mut self) -> (Duration, i32) {
+        let sleeps = self.rig.rig.worker.core_thread_sleeps();
+        self.until_asleep(sleeps.saturating_sub(1));
+        let user_data = self.next;
+        self.next += 1;
+        let qp = &mut self.rig.rig.qp;
+        let start = Instant::now();
+        qp.push(self.rig.rig.template.with_user_data(user_data))
+            .expect("an empty SQ");
+        qp.submit();
+        let cqe = loop {
+            match qp.pop().expect("CQ corrupt") {
+                Some(cqe) => break cqe,
+                None => {
+                    assert!(start.elapsed() < WAKE_DEADLINE, "no CQE: a lost wake-up");
+                    spin_loop();
+                }
+            }
+        };
+        let elapsed = start.elapsed();
+        assert_eq!(cqe.user_data, user_data);
+        (elapsed, cqe.res)
+    }
+}
+
+/// Two threads and an eventfd: the sleeper blocks in `read`, and once
+/// woken stores the round's number in a flag, which the bench thread spins
+/// on, as an application spins on its CQ.
+struct EventfdRig {
+    bell: std::sync::Arc<nix::sys::eventfd::EventFd>,
+    flag: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    sleeper: Option<std::thread::JoinHandle<()>>,
+    next: u64,
+}
+
+impl EventfdRig {
+    /// The sleeper runs on `cpu` (unpinned if `None`).
+    fn new(cpu: Option<usize>) -> EventfdRig {
+        use nix::sys::eventfd::{EfdFlags, EventFd};
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        let bell =
+            Arc::new(EventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC).expect("eventfd"));
+        let flag = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let sleeper = {
+            let (bell, flag, stop) = (bell.clone(), flag.clone(), stop.clone());
+            std::thread::spawn(move || {
+                if let Some(cpu) = cpu {
+                    pin(cpu);
+                }
+                let mut round = 0;
+                loop {
+                    // Blocks until the bench thread writes.
+                    bell.read().expect("eventfd read");
+                    // Acquire: pairs with the Release store before the
+                    // last write, so the flag is seen set.
+                    if stop.load(Ordering::Acquire) {
+                        return;
+                    }
+                    round += 1;
+                    // Release: pairs with the bench thread's Acquire load.
+                    flag.store(round, Ordering::Release);
+                }
+            })
+        };
+        EventfdRig {
+            bell,
+            flag,
+            stop,
+            sleeper: Some(sleeper),
+            next: 1,
+        }
+    }
+
+    /// One timed wake: the sleeper has been blocked for `WAKE_GAP`.
+    fn round_trip(&mut self) -> Duration {
+        use std::sync::atomic::Ordering;
+        spin_for(WAKE_GAP);
+        let round = self.next;
+        self.next += 1;
+        let start = Instant::now();
+        self.bell.write(1).expect("eventfd write");
+        // Acquire: pairs with the sleeper's Release store.
+        while self.flag.load(Ordering::Acquire) != round {
+            assert!(start.elapsed() < WAKE_DEADLINE, "the sleeper never woke");
+            spin_loop();
+        }
+        start.elapsed()
+    }
+}
+
+impl Drop for EventfdRig {
+    fn drop(&mut self) {
+        // Release: pairs with the sleeper's Acquire load after its read.
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+        let _ = self.bell.write(1);
+        if let Some(sleeper) = self.sleeper.take() {
+            let _ = sleeper.join();
+        }
+    }
+}
+
+fn wake(c: &mut Criterion) {
+    // Both sleepers on the core thread's default CPU; the bench thread
+    // (the application) stays on its own for the group, so that neither
+    // contender's figure depends on where the scheduler moves it.
+    let (here, sleeper_cpu) = wake_cpus();
+    let saved =
+        nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)).expect("sched_getaffinity");
+    let mut asleep = AsleepRig::new(sleeper_cpu);
+    for _ in 0..WAKE_CHECK {
+        let (_, res) = asleep.round_trip();
+        assert_eq!(res, PAYLOAD.len() as i32, "a PUT completes with its length");
+    }
+    let mut landed = [0u8; 8];
+    asleep.rig.window.read(0, &mut landed);
+    assert_eq!(landed, PAYLOAD, "the window holds the source bytes");
+    let mut eventfd = EventfdRig::new(sleeper_cpu);
+    if let (Some(here), Some(_)) = (here, sleeper_cpu) {
+        pin(here);
+    }
+    for _ in 0..WAKE_CHECK {
+        eventfd.round_trip();
+    }
+
+    let mut group = c.benchmark_group("wake");
+    // Every round trip waits (untimed) for its sleeper to fall asleep: keep
+    // the iteration count down.
+    group
+        .sample_size(30)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+        .sampling_mode(criterion::SamplingMode::Flat);
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("ringfence/core_thread_asleep", |b| {
+        b.iter_custom(|iters| (0..iters).map(|_| asleep.round_trip().0).sum())
+    });
+    group.bench_function("eventfd/pingpong", |b| {
+        b.iter_custom(|iters| (0..iters).map(|_| eventfd.round_trip()).sum())
+    });
+    group.finish();
+    let _ = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &saved);
+}
+
+criterion_group!(benches, nop_roundtrip, loopback_put_8b, wake);
 criterion_main!(benches);

@@ -4,7 +4,7 @@
 //! | variable | meaning | default |
 //! |---|---|---|
 //! | `RINGFENCE_DRIVERS` | comma-separated driver names to use, in priority order, from those the program provides | all provided, in order |
-//! | `RINGFENCE_CORE_CPU` | CPU for the core thread when `start_core_thread(None)` is called | not pinned |
+//! | `RINGFENCE_CORE_CPU` | CPU for the core thread when `start_core_thread(None)` is called | a CPU of the caller's allowed set other than the one it runs on (unpinned if it has only one) |
 //! | `RINGFENCE_SQ_ENTRIES` | SQ entries of each queue pair (power of two, ≤ 65536) | 256 |
 //! | `RINGFENCE_CQ_ENTRIES` | CQ entries of each queue pair (power of two, ≤ 65536) | 2 × SQ |
 //! | `RINGFENCE_REQUESTS` | requests in flight per queue pair (≤ 2^20) | 1024 |
@@ -28,7 +28,8 @@ use ringfence_ring::MAX_ENTRIES;
 pub struct Config {
     /// Driver names to use, in priority order (`None`: all, as provided).
     pub drivers: Option<Vec<String>>,
-    /// Default CPU of the core thread.
+    /// Default CPU of the core thread (`None`: a CPU other than the
+    /// caller's, see [`Worker::start_core_thread`](crate::Worker::start_core_thread)).
     pub core_cpu: Option<usize>,
     /// SQ entries per queue pair.
     pub sq_entries: u32,

@@ -565,8 +565,13 @@ impl<D: Driver> Driver for FaultInjector<D> {
         self.inner.commit();
     }
 
+    /// None, whatever the inner driver has: the injector holds operations
+    /// and releases them only inside `poll`, where nothing makes a
+    /// descriptor readable, so the core thread must keep polling while
+    /// anything is in flight here (the inner driver's descriptor would let
+    /// it sleep on held operations).
     fn wake_fd(&self) -> Option<BorrowedFd<'_>> {
-        self.inner.wake_fd()
+        None
     }
 
     fn quiesce(&mut self, scope: Quiesce) {

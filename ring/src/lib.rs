@@ -27,6 +27,10 @@
 //! | `ConsumerLine::flags` (`NEED_WAKEUP`) | consumer (`prepare_wait`, `finish_wait`) | producer (`needs_wakeup`) | Relaxed, each side fenced by SeqCst | the two SeqCst fences (store-buffering; see [`Producer::needs_wakeup`]) |
 //! | `ProducerLine::flags` (`OVERFLOW`) | producer (`set_overflow`) | consumer (`is_overflowed`) | Release / Acquire | each other |
 //! | `RegionHeader::claims` | whoever takes a side | the same | AcqRel `fetch_or` | itself (one-shot lock) |
+//! | `WakeFlag::flag` | consumer (`announce`, `withdraw`) | producer (`is_announced`) | Relaxed, each side fenced by SeqCst | the two SeqCst fences, as `NEED_WAKEUP` |
+//!
+//! [`sleep`] is the consumer's side of sleeping on many such sources and on
+//! level-triggered descriptors at once, and says why no wake-up is missed.
 //!
 //! Each side keeps its own index locally and never reloads it from shared
 //! memory; the peer's index is read through a cache that is refreshed only
@@ -68,7 +72,8 @@
 //!
 //! # Cargo features
 //! None. Build with `RUSTFLAGS="--cfg loom"` to model-check the ring
-//! protocol (`ring/tests/loom.rs`); regions and doorbells are left out then.
+//! protocol (`ring/tests/loom.rs`) and the sleep protocol
+//! (`ring/tests/loom_sleep.rs`); regions and doorbells are left out then.
 //!
 //! # Thread safety
 //! [`Producer`] and [`Consumer`] are `Send` and not `Sync`: each side belongs
@@ -95,6 +100,7 @@ mod producer;
 mod raw;
 #[cfg(not(loom))]
 mod region;
+mod sleep;
 mod sqe;
 mod status;
 mod sync;
@@ -115,6 +121,7 @@ pub use raw::RawParts;
 pub use raw::channel;
 #[cfg(not(loom))]
 pub use region::{AppSide, EngineSide, Region, RegionBuilder, RegionError};
+pub use sleep::{Sleeper, WakeFlag, sleep};
 pub use sqe::{LocalBuf, RemoteBuf, Sqe};
 pub use status::{Status, UnknownStatus, strerror};
 pub use value::{AtomicOp, CloseMode, CqeFlags, FenceMode, Field, Opcode, SqeFlags, UnknownValue};

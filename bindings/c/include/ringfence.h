@@ -547,8 +547,8 @@ struct rf_worker_config {
    */
   uint32_t core_thread;
   /**
-   * The core thread's CPU; negative: `RINGFENCE_CORE_CPU`, else not
-   * pinned.
+   * The core thread's CPU; negative: `RINGFENCE_CORE_CPU`, else a CPU
+   * other than the calling thread's (unpinned if it may run on one only).
    */
   int32_t core_cpu;
   /**

@@ -174,8 +174,8 @@ pub struct rf_worker_config {
     pub notify_size: u32,
     /// Non-zero: start the core thread (busy-polling progress) at creation.
     pub core_thread: u32,
-    /// The core thread's CPU; negative: `RINGFENCE_CORE_CPU`, else not
-    /// pinned.
+    /// The core thread's CPU; negative: `RINGFENCE_CORE_CPU`, else a CPU
+    /// other than the calling thread's (unpinned if it may run on one only).
     pub core_cpu: i32,
     /// Non-zero: ignore `RINGFENCE_*` environment variables.
     pub ignore_env: u32,

@@ -138,6 +138,14 @@ pub(crate) struct Engine {
     capabilities: Vec<crate::driver::Capabilities>,
     /// Which drivers offer the direct path ([`Driver::direct`]), asked once.
     direct: Vec<bool>,
+    /// Which drivers have a wake descriptor ([`Driver::wake_fd`]), asked
+    /// once: a driver keeps the same one while it lives.
+    wakes: Vec<bool>,
+    /// The core thread sleeps, and has not been woken yet. Set and cleared
+    /// under the engine lock (by the core thread; cleared also by whoever
+    /// takes the lock and rings the SQ doorbell meanwhile, see
+    /// `Shared::engine`).
+    pub(crate) core_asleep: bool,
     pub(crate) queues: Vec<EngineQueue>,
     pub(crate) endpoints: Vec<Endpoint>,
     pub(crate) cold: Vec<EndpointCold>,
@@ -176,11 +184,14 @@ impl Engine {
         }
         let capabilities = drivers.iter().map(|d| d.capabilities()).collect();
         let direct = drivers.iter_mut().map(|d| d.direct().is_some()).collect();
+        let wakes = drivers.iter().map(|d| d.wake_fd().is_some()).collect();
         Engine {
             config,
             drivers,
             capabilities,
             direct,
+            wakes,
+            core_asleep: false,
             queues: Vec::new(),
             endpoints: Vec::new(),
             cold: Vec::new(),
@@ -256,11 +267,31 @@ impl Engine {
         work
     }
 
-    /// Whether nothing is in flight or waiting: the core thread may sleep.
-    pub(crate) fn is_idle(&self) -> bool {
-        self.queues
-            .iter()
-            .all(|q| q.pool.in_use() == 0 && q.overflow.is_empty())
+    /// Whether the core thread may sleep after a round that did nothing:
+    /// nothing waits for a round that only polling would bring, and
+    /// everything in flight will wake it when it finishes. No CQE waits for
+    /// room in its CQ (the application frees room without waking anyone),
+    /// no endpoint is scheduled (a driver said it had no room: only a retry
+    /// finds out when it has), and every endpoint with something at its
+    /// driver (operations, a flush, a connect) is on a driver with a wake
+    /// descriptor (its completions make it readable). Requests queued in an
+    /// endpoint wait for that endpoint's flush or connect, so they are
+    /// covered too. SQs and notifications are checked by
+    /// [`prepare_sleep`](Engine::prepare_sleep) and
+    /// `NotifyPool::begin_sleep`, after their flags are set.
+    pub(crate) fn may_sleep(&self) -> bool {
+        if !self.scheduled.is_empty() || self.queues.iter().any(|q| !q.overflow.is_empty()) {
+            return false;
+        }
+        self.endpoints.iter().zip(&self.cold).all(|(ep, cold)| {
+            // Every driver the endpoint has lanes on (one, unless MIXED).
+            let wakes = if ep.has(MIXED) {
+                cold.groups.iter().all(|g| self.wakes[g.driver as usize])
+            } else {
+                self.wakes[ep.driver as usize]
+            };
+            wakes || (ep.inflight == 0 && ep.flushing == 0 && !ep.is_connecting())
+        })
     }
 
     /// Sets NEED_WAKEUP on every SQ; returns whether all are still empty.
@@ -277,6 +308,7 @@ impl Engine {
         empty
     }
 
+    /// Clears NEED_WAKEUP on every SQ.
     pub(crate) fn finish_sleep(&mut self) {
         for q in &mut self.queues {
             q.sq.finish_wait();

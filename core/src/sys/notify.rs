@@ -14,11 +14,11 @@
 //! it on, so a buffer is never written while read.
 
 use super::mem::{self, OwnedMem};
-use ringfence_ring::Doorbell;
 use ringfence_ring::Status;
+use ringfence_ring::{Doorbell, WakeFlag};
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering, fence};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 const FREE: u8 = 0;
@@ -53,7 +53,7 @@ pub struct NotifyPool {
     maybe_delivered: AtomicBool,
     /// Set while the target's core thread sleeps: a delivery must ring
     /// `waker` (the store-buffering pattern of the rings' NEED_WAKEUP).
-    sleeping: AtomicBool,
+    sleeping: WakeFlag,
     waker: OnceLock<Arc<Doorbell>>,
 }
 
@@ -90,7 +90,7 @@ impl NotifyPool {
             states: (0..count).map(|_| AtomicU8::new(FREE)).collect(),
             delivered: Mutex::new(VecDeque::with_capacity(count as usize)),
             maybe_delivered: AtomicBool::new(false),
-            sleeping: AtomicBool::new(false),
+            sleeping: WakeFlag::new(),
             waker: OnceLock::new(),
         })
     }
@@ -145,10 +145,9 @@ impl NotifyPool {
             // Release: pairs with the Acquire in `drain`.
             self.maybe_delivered.store(true, Ordering::Release);
         }
-        // SeqCst fence: the delivery above before the `sleeping` load; pairs
-        // with the fence in `begin_sleep`.
-        fence(Ordering::SeqCst);
-        if self.sleeping.load(Ordering::Relaxed) {
+        // Its SeqCst fence orders the delivery above before the flag load;
+        // pairs with the fence of `announce` in `begin_sleep`.
+        if self.sleeping.is_announced() {
             if let Some(waker) = self.waker.get() {
                 let _ = waker.ring();
             }
@@ -164,10 +163,9 @@ impl NotifyPool {
     /// The target is about to sleep: returns `false` (and stays awake) if a
     /// delivery is already waiting.
     pub(crate) fn begin_sleep(&self) -> bool {
-        self.sleeping.store(true, Ordering::Relaxed);
-        // SeqCst fence: `sleeping` before the queue check; pairs with the
-        // fence in `deliver`.
-        fence(Ordering::SeqCst);
+        // Its SeqCst fence orders the flag before the queue check; pairs
+        // with the fence of `is_announced` in `deliver`.
+        self.sleeping.announce();
         let empty = self
             .delivered
             .lock()
@@ -181,7 +179,7 @@ impl NotifyPool {
 
     /// The target is awake again.
     pub(crate) fn end_sleep(&self) {
-        self.sleeping.store(false, Ordering::Relaxed);
+        self.sleeping.withdraw();
     }
 
     /// Hands queued deliveries to `sink` until it returns `false` (out of CQ

@@ -127,6 +127,7 @@ impl WorkerBuilder {
                 sq_bell,
                 notify,
                 shut_down: AtomicBool::new(false),
+                core_naps: Default::default(),
             }),
             core: None,
             address,

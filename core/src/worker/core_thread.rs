@@ -1,7 +1,29 @@
-//! The core thread: progress on a dedicated thread that busy-polls and
-//! sleeps only when nothing is in flight.
+//! The core thread: progress on a dedicated thread that busy-polls, and
+//! sleeps on the SQ doorbell and every driver's wake descriptor at once.
+//!
+//! It polls for `IDLE_SPIN` after its last work, then sleeps through
+//! [`ringfence_ring::sleep`]: under the engine lock, one last progress
+//! round and [`Engine::may_sleep`]; then NEED_WAKEUP on every SQ and the
+//! notification pool's flag, each followed by a look at its source; then
+//! `epoll_wait` on the SQ doorbell and the drivers' descriptors, with no
+//! timeout. The docs of [`ringfence_ring::sleep`] give the argument
+//! that no wake-up is missed; the loom models in
+//! `ring/tests/loom_sleep.rs` check it. What wakes it:
+//!
+//! - a queue pair's `submit` that finds NEED_WAKEUP set (SQ doorbell);
+//! - an incoming notification (the pool's waker is the SQ doorbell);
+//! - a driver's descriptor: an operation, flush or handshake finished, or
+//!   work arrived that the driver must progress;
+//! - any other thread that takes the engine lock while it sleeps
+//!   ([`Shared::engine`] rings the SQ doorbell once per sleep): a new queue
+//!   pair, a connect, a progress round run by the application;
+//! - [`Worker::stop_core_thread`] (sets the stop flag, then rings).
 
 use super::*;
+use nix::errno::Errno;
+use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
+use ringfence_ring::Sleeper;
+use std::time::Instant;
 
 #[derive(Debug)]
 pub(super) struct CoreThread {
@@ -10,15 +32,43 @@ pub(super) struct CoreThread {
 }
 
 impl Worker {
-    /// Runs progress on a dedicated thread, pinned to `cpu` (or to
-    /// `RINGFENCE_CORE_CPU`, or unpinned), until
-    /// [`stop_core_thread`](Worker::stop_core_thread) or drop. It busy-polls
-    /// and sleeps only when nothing is in flight, through NEED_WAKEUP on
-    /// every SQ: a queue pair's `submit` wakes it.
+    /// Runs progress on a dedicated thread until
+    /// [`stop_core_thread`](Worker::stop_core_thread) or drop.
+    ///
+    /// It busy-polls while there is work and for 100 µs
+    /// after the last, then sleeps until something needs it: a queue pair's
+    /// `submit` (through NEED_WAKEUP on every SQ), an incoming notification,
+    /// or a driver's wake descriptor ([`Driver::wake_fd`]). It may sleep
+    /// with operations in flight when their drivers have a wake descriptor;
+    /// while a driver without one (loopback in `NextPoll` mode, the test
+    /// kit's `FaultInjector`) has work in flight, it keeps polling.
+    ///
+    /// # Where it runs
+    /// On `cpu` if given, else on `RINGFENCE_CORE_CPU` if set (see
+    /// [`Config`]). Otherwise it is pinned to a CPU the process may use
+    /// (the caller's affinity and the main thread's) other than the one the
+    /// caller runs on when it calls this: the highest-numbered such CPU.
+    /// With a single CPU it is left unpinned.
+    ///
+    /// Why: measured on a 2-vCPU KVM guest (benches/README.md, group
+    /// `wake`), an unpinned core thread shared the CPU of an application
+    /// that busy-polls its CQ. Its idle phase then (960 `sched_yield`s
+    /// before sleeping) handed that CPU to the application for a whole time
+    /// slice at every yield: 1.35 s to fall asleep, 3.9 ms median from
+    /// submit to CQE for an operation that arrived meanwhile, and a core
+    /// thread woken on that CPU waited for the application's slice to end
+    /// (the 0.53–0.80 ms a user measured). On a CPU of its own, submit to
+    /// CQE from sleep takes 22.9 µs median, against 22.5 µs for a plain
+    /// eventfd wake of a thread asleep as long (five runs): that time is the
+    /// hypervisor waking an idle vCPU, not the engine (the same eventfd wake
+    /// right after the sleeper went to sleep takes about 4 µs). Pass `cpu`,
+    /// or set `RINGFENCE_CORE_CPU`, when the default does not fit (an
+    /// application that pins its own threads onto that CPU).
     ///
     /// # Errors
     /// A core thread already runs ([`Status::Busy`]), the CPU does not exist
-    /// or cannot be used, or the thread cannot be spawned.
+    /// or cannot be used, the wake descriptors cannot be put in an epoll
+    /// set, or the thread cannot be spawned.
     pub fn start_core_thread(&mut self, cpu: Option<usize>) -> Result<(), Error> {
         if self.core.is_some() {
             return Err(Error::Status {
@@ -26,7 +76,10 @@ impl Worker {
                 status: Status::Busy,
             });
         }
-        let cpu = cpu.or(self.shared.engine().config.core_cpu);
+        let cpu = cpu
+            .or(self.shared.engine().config.core_cpu)
+            .or_else(default_cpu);
+        let epoll = wake_set(&self.shared)?;
         let stop = Arc::new(AtomicBool::new(false));
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let handle = {
@@ -38,7 +91,7 @@ impl Worker {
                     let ok = pinned.is_ok();
                     let _ = ready_tx.send(pinned);
                     if ok {
-                        core_loop(&shared, &stop);
+                        core_loop(&shared, &stop, epoll);
                     }
                 })
                 .map_err(|source| Error::Os {
@@ -69,8 +122,11 @@ impl Worker {
     /// Stops the core thread, if one runs; progress is then the caller's.
     pub fn stop_core_thread(&mut self) {
         if let Some(core) = self.core.take() {
+            // Release: pairs with the Acquire loads in `core_loop` and
+            // `CoreNap::wait`; the ring below comes after it, so a core
+            // thread that cleared the doorbell before the ring sees the flag.
             core.stop.store(true, Ordering::Release);
-            let _ = self.shared.sq_bell.ring();
+            self.shared.wake_core();
             if core.handle.join().is_err() {
                 tracing::error!("core thread panicked");
             }
@@ -91,44 +147,163 @@ pub(super) fn pin_to(cpu: usize) -> Result<(), Error> {
     })
 }
 
-/// Spins this long (rounds with no work) before yielding, and this long
-/// before trying to sleep.
-pub(super) const SPIN_ROUNDS: u32 = 64;
-pub(super) const SLEEP_ROUNDS: u32 = 1024;
+/// The core thread's CPU when nobody chose one: the highest-numbered CPU
+/// the process may use other than the one the calling thread runs on now;
+/// `None` (unpinned) when there is no other (see `start_core_thread`).
+/// "May use": the CPUs of the calling thread's affinity and of the main
+/// thread's (an application that pinned the thread it starts the core
+/// thread from has not thereby given up the process's other CPUs).
+pub(super) fn default_cpu() -> Option<usize> {
+    use nix::sched::{CpuSet, sched_getaffinity, sched_getcpu};
+    use nix::unistd::Pid;
+    let caller = sched_getaffinity(Pid::from_raw(0)).ok()?;
+    // The main thread's id is the process id.
+    let main = sched_getaffinity(Pid::this()).unwrap_or(caller);
+    let here = sched_getcpu().ok();
+    (0..CpuSet::count()).rev().find(|&cpu| {
+        Some(cpu) != here
+            && (caller.is_set(cpu).unwrap_or(false) || main.is_set(cpu).unwrap_or(false))
+    })
+}
 
-pub(super) fn core_loop(shared: &Shared, stop: &AtomicBool) {
-    let mut idle = 0u32;
+/// How long the core thread keeps polling after its last work before it
+/// sleeps. A wake from sleep costs about 25–35 µs on the 2-vCPU KVM guest
+/// of benches/README.md (most of it the hypervisor waking the idle vCPU),
+/// against under 1 µs for an operation that finds the thread polling; 100
+/// µs keeps the extra latency of a sleep under a third of the time spent
+/// polling for nothing. Polling, not yielding: a `sched_yield` on a CPU
+/// shared with a busy-polling application hands it a whole time slice (the
+/// measurements are in `start_core_thread`'s docs).
+pub(super) const IDLE_SPIN: Duration = Duration::from_micros(100);
+
+/// `epoll_data` of the SQ doorbell in the wake set; a driver's is its index.
+const SQ_BELL: u64 = u64::MAX;
+
+/// The core thread's wake set: the SQ doorbell and every driver's wake
+/// descriptor, level-triggered. Drivers live as long as the engine, and
+/// keep the same descriptor while they live, so they are registered once.
+fn wake_set(shared: &Shared) -> Result<Epoll, Error> {
+    let os = |op| {
+        move |e: Errno| Error::Os {
+            op,
+            source: e.into(),
+        }
+    };
+    let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).map_err(os("epoll_create"))?;
+    epoll
+        .add(
+            &*shared.sq_bell,
+            EpollEvent::new(EpollFlags::EPOLLIN, SQ_BELL),
+        )
+        .map_err(os("epoll_ctl (SQ doorbell)"))?;
+    let engine = shared.engine();
+    for (d, driver) in engine.drivers.iter().enumerate() {
+        if let Some(fd) = driver.wake_fd() {
+            epoll
+                .add(fd, EpollEvent::new(EpollFlags::EPOLLIN, d as u64))
+                .map_err(os("epoll_ctl (driver wake descriptor)"))?;
+        }
+    }
+    Ok(epoll)
+}
+
+pub(super) fn core_loop(shared: &Shared, stop: &AtomicBool, epoll: Epoll) {
+    let mut nap = CoreNap {
+        shared,
+        stop,
+        epoll,
+        engine: None,
+        asleep: false,
+        events: [EpollEvent::empty(); 4],
+    };
+    let mut idle_since = None;
+    // Acquire: pairs with the Release in `stop_core_thread`.
     while !stop.load(Ordering::Acquire) {
         if shared.engine().progress() > 0 {
-            idle = 0;
+            idle_since = None;
             continue;
         }
-        idle = idle.saturating_add(1);
-        if idle < SPIN_ROUNDS {
+        let since = *idle_since.get_or_insert_with(Instant::now);
+        if since.elapsed() < IDLE_SPIN {
             std::hint::spin_loop();
-        } else if idle < SLEEP_ROUNDS {
-            std::thread::yield_now();
-        } else {
-            let asleep = {
-                let mut engine = shared.engine();
-                engine.is_idle()
-                    && shared.notify.begin_sleep()
-                    && (engine.prepare_sleep() || {
-                        shared.notify.end_sleep();
-                        false
-                    })
-            };
-            if asleep {
-                if !stop.load(Ordering::Acquire) {
-                    // Every wake source rings this bell: SQ submissions
-                    // (NEED_WAKEUP), incoming notifications, and stop. The
-                    // timeout is only a backstop.
-                    let _ = shared.sq_bell.wait(Some(Duration::from_secs(1)));
-                }
-                shared.engine().finish_sleep();
-                shared.notify.end_sleep();
-            }
-            idle = 0;
+            continue;
+        }
+        ringfence_ring::sleep(&mut nap);
+        idle_since = None;
+    }
+}
+
+/// The core thread's steps of [`ringfence_ring::sleep`].
+struct CoreNap<'a> {
+    shared: &'a Shared,
+    stop: &'a AtomicBool,
+    epoll: Epoll,
+    /// Held from a `last_round` that found nothing to the end of
+    /// `announce`: the decision and the announcement see one engine state.
+    engine: Option<MutexGuard<'a, Engine>>,
+    /// Between a successful `announce` and its `withdraw`.
+    asleep: bool,
+    events: [EpollEvent; 4],
+}
+
+impl Sleeper for CoreNap<'_> {
+    fn clear_doorbell(&mut self) {
+        if let Err(e) = self.shared.sq_bell.clear() {
+            tracing::error!(error = %e, "SQ doorbell failed");
+        }
+    }
+
+    fn last_round(&mut self) -> bool {
+        // The round and the decision under one lock hold: no other thread
+        // polls a driver in between (a poll that returned a full batch
+        // could leave completions behind a quiet descriptor).
+        let mut engine = self.shared.lock_engine();
+        if engine.progress() > 0 || !engine.may_sleep() {
+            return false;
+        }
+        self.engine = Some(engine);
+        true
+    }
+
+    fn announce(&mut self) -> bool {
+        let Some(mut engine) = self.engine.take() else {
+            return false;
+        };
+        if !(engine.prepare_sleep() && self.shared.notify.begin_sleep()) {
+            return false;
+        }
+        // Whoever takes the lock from now on rings the SQ doorbell.
+        engine.core_asleep = true;
+        self.asleep = true;
+        // Relaxed: a count for observers; it publishes nothing.
+        self.shared.core_naps.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    fn wait(&mut self) {
+        // Acquire: pairs with the Release in `stop_core_thread`.
+        if self.stop.load(Ordering::Acquire) {
+            return;
+        }
+        match self.epoll.wait(&mut self.events, EpollTimeout::NONE) {
+            // EINTR: a signal; the loop looks again, and sleeps again if
+            // nothing is there.
+            Ok(_) | Err(Errno::EINTR) => {}
+            Err(e) => tracing::error!(error = %e, "epoll_wait failed"),
+        }
+    }
+
+    fn withdraw(&mut self) {
+        let mut engine = self
+            .engine
+            .take()
+            .unwrap_or_else(|| self.shared.lock_engine());
+        engine.finish_sleep();
+        self.shared.notify.end_sleep();
+        engine.core_asleep = false;
+        if std::mem::take(&mut self.asleep) {
+            // Relaxed: as in `announce`.
+            self.shared.core_naps.fetch_add(1, Ordering::Relaxed);
         }
     }
 }

@@ -41,13 +41,41 @@ pub(super) struct Shared {
     sq_bell: Arc<Doorbell>,
     notify: Arc<NotifyPool>,
     shut_down: AtomicBool,
+    /// Counts the core thread's sleeps twice: once as it goes to sleep,
+    /// once as it wakes; odd while it sleeps.
+    core_naps: std::sync::atomic::AtomicU64,
 }
 
 impl Shared {
+    /// The engine, locked. Whoever takes the lock while the core thread
+    /// sleeps wakes it (rings the SQ doorbell, once per sleep), so that it
+    /// looks again after whatever the caller changes: a new queue pair
+    /// (whose SQ has no NEED_WAKEUP yet), a connect whose handshake needs
+    /// polling, a progress round that left work behind. The core thread
+    /// then takes the lock after the caller, and sees the change.
     pub(super) fn engine(&self) -> MutexGuard<'_, Engine> {
+        let mut engine = self.lock_engine();
+        if engine.core_asleep {
+            engine.core_asleep = false;
+            self.wake_core();
+        }
+        engine
+    }
+
+    /// The engine, locked, without waking the core thread: for the core
+    /// thread itself.
+    pub(super) fn lock_engine(&self) -> MutexGuard<'_, Engine> {
         // A panic while holding the lock leaves counters possibly off by one
         // but no memory unsafety; keep going rather than poison every call.
         self.engine.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Rings the SQ doorbell: wakes the core thread if it sleeps (or ends
+    /// its next sleep at once).
+    pub(super) fn wake_core(&self) {
+        if let Err(e) = self.sq_bell.ring() {
+            tracing::error!(error = %e, "SQ doorbell failed");
+        }
     }
 }
 
@@ -290,6 +318,25 @@ impl Worker {
     /// Counters of the whole worker.
     pub fn stats(&self) -> Stats {
         self.shared.engine().stats
+    }
+
+    /// How many times the core thread has gone to sleep (decided to wait on
+    /// the SQ doorbell and the drivers' wake descriptors), over the
+    /// worker's life. Reads one counter: it does not take the engine lock,
+    /// and does not wake the core thread.
+    pub fn core_thread_sleeps(&self) -> u64 {
+        // Relaxed: a count; nothing is read on the strength of it.
+        self.shared.core_naps.load(Ordering::Relaxed).div_ceil(2)
+    }
+
+    /// Whether the core thread sleeps now (or is about to: it has decided
+    /// to, and released the engine lock). Does not wake it.
+    ///
+    /// # Staleness
+    /// It may wake, or fall asleep, right after this returns.
+    pub fn is_core_thread_asleep(&self) -> bool {
+        // Relaxed: as in `core_thread_sleeps`.
+        self.shared.core_naps.load(Ordering::Relaxed) % 2 == 1
     }
 
     /// Counters of one endpoint.

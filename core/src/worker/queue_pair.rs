@@ -48,9 +48,7 @@ impl QueuePair {
         if self.shared.shut_down.load(Ordering::Acquire) {
             self.shared.engine().cancel_intake(self.index);
         } else if n > 0 && self.sq.needs_wakeup() {
-            if let Err(e) = self.shared.sq_bell.ring() {
-                tracing::error!(error = %e, "SQ doorbell failed");
-            }
+            self.shared.wake_core();
         }
         n
     }
@@ -79,7 +77,15 @@ impl QueuePair {
             Err(TryLockError::Poisoned(e)) => e.into_inner(),
             Err(TryLockError::WouldBlock) => return None,
         };
-        engine.run_now(self.index, sqe)
+        let result = engine.run_now(self.index, sqe);
+        if engine.core_asleep && matches!(result, Some(Err(_))) {
+            // A failure may have failed the endpoint, completing requests
+            // whose CQEs the next round publishes: wake the core thread
+            // (`Shared::engine` does so for every other caller).
+            engine.core_asleep = false;
+            self.shared.wake_core();
+        }
+        result
     }
 
     /// Takes one CQE.
@@ -196,9 +202,7 @@ impl QueuePair {
         if self.shared.shut_down.load(Ordering::Acquire) {
             self.shared.engine().cancel_intake(self.index);
         } else if self.sq.needs_wakeup() {
-            if let Err(e) = self.shared.sq_bell.ring() {
-                tracing::error!(error = %e, "SQ doorbell failed");
-            }
+            self.shared.wake_core();
         }
     }
 }
