@@ -1171,14 +1171,14 @@ proptest! {
     }
 }
 
-/// Runs of PUTs reach the driver through `Driver::execute` (here the
+/// Runs of PUTs reach the driver through `DirectPath::execute` (here the
 /// injector's, which runs each through its faults): an injected failure in
 /// the middle of a run ends the run there; a non-fatal one fails only that
 /// PUT, a fatal one (R20, R32) fails the endpoint, and every later SQE of
 /// the batch completes with the sticky error. NO_RESOURCE in the middle of
 /// a run leaves the rest to the one-at-a-time path. Every SQE gets exactly
 /// one CQE, and the log shows what ran, in order. Loopback only: runs go
-/// through `Driver::execute`, which only drivers that finish operations
+/// through `DirectPath::execute`, which only drivers that finish operations
 /// inside the call offer.
 #[test]
 fn r31_r32_a_failure_in_the_middle_of_a_run_of_puts() {

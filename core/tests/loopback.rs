@@ -721,11 +721,11 @@ fn forged_and_foreign_keys_are_refused() {
 }
 
 /// A stream of PUTs to one window runs through the driver in one call
-/// (`Driver::execute`); a failure in the middle of such a run stops it, and
+/// (`DirectPath::execute`); a failure in the middle of such a run stops it, and
 /// every SQE still gets exactly one CQE, in order, with the status the
 /// one-at-a-time path gives.
 ///
-/// Loopback only: runs go through `Driver::execute`, which only drivers
+/// Loopback only: runs go through `DirectPath::execute`, which only drivers
 /// that finish operations inside the call offer.
 #[test]
 fn runs_of_puts_stop_at_a_failure_and_lose_nothing() {

@@ -515,7 +515,7 @@ struct rf_worker_config {
   /**
    * Comma-separated driver names in priority order (`"shm"`,
    * `"loopback"`), NUL-terminated; NULL for the default (`"shm"` when the
-   * library has it, else `"loopback"`).
+   * library has it, else `"loopback"`). A name given twice counts once.
    */
   const char *drivers;
   /**

@@ -158,7 +158,7 @@ pub struct rf_ring {
 pub struct rf_worker_config {
     /// Comma-separated driver names in priority order (`"shm"`,
     /// `"loopback"`), NUL-terminated; NULL for the default (`"shm"` when the
-    /// library has it, else `"loopback"`).
+    /// library has it, else `"loopback"`). A name given twice counts once.
     pub drivers: *const c_char,
     /// SQ entries of each ring (power of two, at most 65536).
     pub sq_entries: u32,

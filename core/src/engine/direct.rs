@@ -45,7 +45,7 @@ pub(super) struct Resolved {
     pub(super) rkey: u32,
     pub(super) max_len: u32,
     pub(super) get: bool,
-    /// The endpoint's driver runs runs (`Capabilities::execute`).
+    /// The endpoint's driver offers the direct path (`Driver::direct`).
     pub(super) execute: bool,
     /// `MemRegistry::removals` when resolved.
     pub(super) removals: u64,

@@ -16,7 +16,7 @@
 //! once (R14, R18). Those start straight from the SQE, without a request
 //! slot, which they take only if the driver keeps them in flight; and a run
 //! of them to one endpoint through the same keys goes to the driver in one
-//! `Driver::execute` call when the driver finishes operations inside the
+//! `DirectPath::execute` call when the driver finishes operations inside the
 //! call (shm, loopback). Anything the driver does not run, and every other
 //! SQE, takes the general path below, in order, so the rules and the
 //! exactly-once guarantee are the same on both.
@@ -161,7 +161,7 @@ pub(crate) struct Engine {
     sqe_scratch: Box<[Sqe]>,
     /// The direct path's lookups, valid until a registration is removed.
     resolved: Resolved,
-    /// A run's operations for `Driver::execute`, and their results (both
+    /// A run's operations for `DirectPath::execute`, and their results (both
     /// allocated once, for a whole intake batch).
     run_ops: Vec<Op>,
     run_results: Box<[Result<u32, Status>]>,

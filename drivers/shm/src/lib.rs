@@ -42,7 +42,7 @@
 //! `post`, `execute`, `flush` and `poll` allocate nothing and make no
 //! system call on the memfd path. Every operation completes inside `post`
 //! ([`Posted::Done`](ringfence::Posted)), and runs of PUTs and GETs inside
-//! one [`Driver::execute`](ringfence::Driver::execute) call (liveness and
+//! one [`DirectPath::execute`](ringfence::DirectPath::execute) call (liveness and
 //! the remote key checked once per run, the target's export status once per
 //! operation); lanes are ordered (they are all this CPU). The last mapped
 //! key a PUT or GET went through stays **hot**: the driver keeps its
@@ -51,7 +51,7 @@
 //! key tables; that, with the engine's
 //! [`QueuePair::try_now`](ringfence::QueuePair::try_now), is the path of a
 //! ping-pong. The engine also hands the driver a prefetch hint
-//! ([`Driver::prefetch`](ringfence::Driver::prefetch)) for an SQE that
+//! ([`DirectPath::prefetch`](ringfence::DirectPath::prefetch)) for an SQE that
 //! names the hot key, before checking it: the driver issues PREFETCHW on
 //! the target line (inside the key's bounds; a prefetch never faults and
 //! writes nothing), so the line's transfer from the peer's CPU, the

@@ -99,7 +99,14 @@ fn configure(
     }
     let defaults = Config::default();
     let mut any = false;
+    let mut seen: Vec<&str> = Vec::new();
     for name in drivers.split(',').map(str::trim) {
+        // A name given twice is the one driver (a worker has at most one
+        // driver of each name).
+        if seen.contains(&name) {
+            continue;
+        }
+        seen.push(name);
         match name {
             "loopback" => {
                 builder.driver(Loopback::new());

@@ -92,7 +92,7 @@ impl HotKey {
     /// Runs PUT or GET `op` at remote address `addr`; `None` for any other
     /// operation (the full path takes it). The local range is the
     /// engine's, validated against a live registration (the
-    /// `Driver::execute` contract). Always inlined: `execute`'s loop
+    /// `DirectPath::execute` contract). Always inlined: `execute`'s loop
     /// keeps the key's fields in registers across a run.
     #[inline(always)]
     pub(crate) fn access(&self, op: &Op, addr: u64) -> Option<Result<u32, Status>> {
