@@ -112,7 +112,7 @@ mod tests {
             while self.sq.pop().unwrap().is_some() {
                 work += 1;
             }
-            // Acquire: pairs with the Release in `deliver`.
+            // Acquire: pairs with the deliverer's Release.
             work += self.shared.notify.delivered.swap(0, Ordering::Acquire);
             self.taken += work;
             work == 0
@@ -149,16 +149,36 @@ mod tests {
         }
     }
 
-    /// Runs the sleeper until it has taken `total` items.
-    fn run_core(core: &mut Core, total: u32) {
+    /// Runs the sleeper until it has taken `total` items from `producers`
+    /// producer threads.
+    fn run_core(shared: Arc<Shared>, sq: Consumer<Cqe>, producers: u32, total: u32) {
+        let mut core = Core {
+            shared,
+            sq,
+            taken: 0,
+            producers,
+        };
         while core.taken < total {
-            sleep(core);
+            sleep(&mut core);
         }
     }
 
-    fn done(shared: &Shared) {
-        // Release: pairs with the Acquire in `Core::wait`.
-        shared.producers_done.fetch_add(1, Ordering::Release);
+    /// A producer thread: runs `work`, then counts itself done.
+    fn producer(
+        shared: &Arc<Shared>,
+        work: impl FnOnce(&Shared) + Send + 'static,
+    ) -> thread::JoinHandle<()> {
+        let shared = shared.clone();
+        thread::spawn(move || {
+            work(&shared);
+            // Release: pairs with the Acquire in `Core::wait`.
+            shared.producers_done.fetch_add(1, Ordering::Release);
+        })
+    }
+
+    /// A device finishing one operation.
+    fn device(shared: &Arc<Shared>) -> thread::JoinHandle<()> {
+        producer(shared, |s| s.driver.complete())
     }
 
     /// An SQE submitted by an application, and an operation a device
@@ -168,31 +188,15 @@ mod tests {
         loom::model(|| {
             let (mut tx, sq) = channel::<Cqe>(2);
             let shared = Arc::new(Shared::default());
-            let app = {
-                let shared = shared.clone();
-                thread::spawn(move || {
-                    tx.push(Cqe::new(1, 0, 0)).unwrap();
-                    tx.submit();
-                    if tx.needs_wakeup() {
-                        shared.bell.ring();
-                    }
-                    done(&shared);
-                })
-            };
-            let device = {
-                let shared = shared.clone();
-                thread::spawn(move || {
-                    shared.driver.complete();
-                    done(&shared);
-                })
-            };
-            let mut core = Core {
-                shared,
-                sq,
-                taken: 0,
-                producers: 2,
-            };
-            run_core(&mut core, 2);
+            let app = producer(&shared, move |s| {
+                tx.push(Cqe::new(1, 0, 0)).unwrap();
+                tx.submit();
+                if tx.needs_wakeup() {
+                    s.bell.ring();
+                }
+            });
+            let device = device(&shared);
+            run_core(shared, sq, 2, 2);
             app.join().unwrap();
             device.join().unwrap();
         });
@@ -205,32 +209,16 @@ mod tests {
         loom::model(|| {
             let (_tx, sq) = channel::<Cqe>(2);
             let shared = Arc::new(Shared::default());
-            let deliverer = {
-                let shared = shared.clone();
-                thread::spawn(move || {
-                    // Release: publishes the delivery; pairs with the
-                    // Acquire in `last_round`.
-                    shared.notify.delivered.fetch_add(1, Ordering::Release);
-                    if shared.notify.sleeping.is_announced() {
-                        shared.bell.ring();
-                    }
-                    done(&shared);
-                })
-            };
-            let device = {
-                let shared = shared.clone();
-                thread::spawn(move || {
-                    shared.driver.complete();
-                    done(&shared);
-                })
-            };
-            let mut core = Core {
-                shared,
-                sq,
-                taken: 0,
-                producers: 2,
-            };
-            run_core(&mut core, 2);
+            let deliverer = producer(&shared, |s| {
+                // Release: publishes the delivery; pairs with the Acquire
+                // in `last_round`.
+                s.notify.delivered.fetch_add(1, Ordering::Release);
+                if s.notify.sleeping.is_announced() {
+                    s.bell.ring();
+                }
+            });
+            let device = device(&shared);
+            run_core(shared, sq, 2, 2);
             deliverer.join().unwrap();
             device.join().unwrap();
         });
@@ -243,22 +231,12 @@ mod tests {
         loom::model(|| {
             let (_tx, sq) = channel::<Cqe>(2);
             let shared = Arc::new(Shared::default());
-            let device = {
-                let shared = shared.clone();
-                thread::spawn(move || {
-                    shared.driver.complete();
-                    thread::yield_now();
-                    shared.driver.complete();
-                    done(&shared);
-                })
-            };
-            let mut core = Core {
-                shared,
-                sq,
-                taken: 0,
-                producers: 1,
-            };
-            run_core(&mut core, 2);
+            let device = producer(&shared, |s| {
+                s.driver.complete();
+                thread::yield_now();
+                s.driver.complete();
+            });
+            run_core(shared, sq, 1, 2);
             device.join().unwrap();
         });
     }

@@ -184,7 +184,6 @@ impl Engine {
             self.cold[e].dirty_generation[lane as usize] =
                 self.drivers[driver].lane_generation(driver_ep, driver_lane);
         }
-        let ep = &mut self.endpoints[e];
         op.fence = ep.weak_lane == lane | WEAK_FLAG_OWED;
         if op.fence {
             ep.weak_lane = lane;
