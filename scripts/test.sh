@@ -34,6 +34,7 @@ command -v cc >/dev/null 2>&1 || missing+=(gcc libc6-dev)
 command -v g++ >/dev/null 2>&1 || missing+=(g++)
 command -v strip >/dev/null 2>&1 || missing+=(binutils)
 command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
+command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 [ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}"
 
 if ! command -v cargo >/dev/null 2>&1; then

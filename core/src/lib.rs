@@ -94,3 +94,12 @@ pub use sim::{SimDriver, SimEvent, SimHandle, SimStats, SimTiming};
 pub use stats::Stats;
 pub use sys::notify::{Delivery, MAX_NOTIFY_BUFFERS, NotifyPool};
 pub use worker::{Notification, QueuePair, RegisteredBuf, Worker, WorkerBuilder};
+
+/// Copies and atomics on registered memory, for drivers that execute a
+/// peer's operations on their own side (the target of a network driver).
+/// Registered memory is shared with peers and the application at once, so
+/// these never form a Rust reference into it: raw copies, and atomics
+/// through `AtomicU64::from_ptr`.
+pub mod peer_mem {
+    pub use crate::sys::mem::{atomic, copy, store_u64};
+}

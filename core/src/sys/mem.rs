@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 ///   of live registrations (the caller checked both against the registry
 ///   and holds whatever keeps them registered).
 /// - Overlap is allowed (a put into the same buffer it reads from).
-pub(crate) unsafe fn copy(src: u64, dst: u64, len: usize) {
+pub unsafe fn copy(src: u64, dst: u64, len: usize) {
     // SAFETY: both ranges are valid (contract); `copy` allows overlap.
     unsafe { std::ptr::copy(src as usize as *const u8, dst as usize as *mut u8, len) }
 }
@@ -34,7 +34,7 @@ pub(crate) unsafe fn copy(src: u64, dst: u64, len: usize) {
 ///   live registration.
 /// - Every other access to that word while the atomic runs is atomic too
 ///   (the registration's owner promised that when registering it).
-pub(crate) unsafe fn atomic(addr: u64, op: AtomicOp, operand: u64, operand2: u64) -> u64 {
+pub unsafe fn atomic(addr: u64, op: AtomicOp, operand: u64, operand2: u64) -> u64 {
     // SAFETY: aligned and valid for the lifetime of this call (contract).
     let word = unsafe { AtomicU64::from_ptr(addr as usize as *mut u64) };
     match op {
@@ -52,7 +52,7 @@ pub(crate) unsafe fn atomic(addr: u64, op: AtomicOp, operand: u64, operand2: u64
 /// # Safety
 /// - As [`atomic`]'s first point, for the local result buffer of a fetching
 ///   atomic (8-byte alignment was checked at validation).
-pub(crate) unsafe fn store_u64(addr: u64, value: u64) {
+pub unsafe fn store_u64(addr: u64, value: u64) {
     // SAFETY: aligned and writable (contract); written atomically so a
     // concurrent reader of its own buffer never sees a torn value.
     unsafe { AtomicU64::from_ptr(addr as usize as *mut u64) }.store(value, Ordering::Release);

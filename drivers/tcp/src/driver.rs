@@ -1,0 +1,1219 @@
+//! The `Driver` implementation: connections, endpoints, registrations, and
+//! the progress loop over the io_uring.
+
+use crate::lane::{Answers, Lane, Wants};
+use crate::send::{SendQueue, Sent};
+use crate::stream::{Broken, Reader};
+use crate::target::{Reg, Requests, Serve};
+use crate::uring::{self, BUF_GROUP, Tag, Uring, libc_errno};
+use crate::wire::{Address, Header, KeyBlob, Opcode};
+use crate::{Config, MAX_LEN};
+use io_uring::{cqueue, opcode, types};
+use nix::libc;
+use nix::sys::socket::{
+    self, AddressFamily, SockFlag, SockType, SockaddrLike, SockaddrStorage, sockopt,
+};
+use ringfence::{
+    Capabilities, Completion, Connect, Driver, DriverContext, DriverEp, DriverError, DriverMemKey,
+    DriverRkey, LaneMask, MemDesc, MemKind, NotifyPool, Op, OpKind, Posted, Quiesce, Token,
+    peer_mem,
+};
+use ringfence_ring::{AtomicOp, Status};
+use std::collections::VecDeque;
+use std::mem::ManuallyDrop;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// PUT payloads up to this size are copied into the send batch; larger
+/// ones are sent from the registered memory itself.
+const COPY_MAX: u32 = 4096;
+/// Flushes in flight per endpoint.
+const MAX_FLUSHES: usize = 64;
+/// Completions handled per `poll` call at most, beyond what fits `out`
+/// (a round stays bounded under a flood of incoming requests).
+const CQES_PER_POLL: usize = 256;
+
+/// What a connection is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// Accepted from a peer: it carries the peer's requests to us.
+    Accepted,
+    /// Lane `lane` of our endpoint `ep`: it carries our requests.
+    Lane { ep: u32, lane: u8 },
+}
+
+/// One TCP connection. Boxed: the kernel holds pointers into it (the
+/// connect address, the send batches' msghdrs) while requests are in
+/// flight.
+struct Conn {
+    fd: OwnedFd,
+    generation: u32,
+    role: Role,
+    reader: Reader,
+    send: SendQueue,
+    /// The peer's address, for the connect request.
+    peer: SockaddrStorage,
+    /// Requests in flight that name this connection (connect, send,
+    /// multishot receive).
+    flying: u32,
+    /// The TCP connection is established (a lane's connect completed).
+    connected: bool,
+    recv_armed: bool,
+    /// On the send list.
+    listed: bool,
+    closing: bool,
+    /// Received buffers not yet (fully) taken by the reader: (buffer id,
+    /// length, bytes taken).
+    backlog: VecDeque<(u16, u32, u32)>,
+    serve: Serve,
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conn")
+            .field("fd", &self.fd)
+            .field("role", &self.role)
+            .field("flying", &self.flying)
+            .field("closing", &self.closing)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EpState {
+    Connecting(Token),
+    Up,
+    Failed(Status),
+}
+
+#[derive(Debug)]
+struct Flush {
+    token: Token,
+    /// Lanes still to report everything the flush covers.
+    remaining: u32,
+}
+
+#[derive(Debug)]
+struct Ep {
+    peer: Address,
+    state: EpState,
+    lanes: Vec<Lane>,
+    flushes: Vec<Option<Flush>>,
+    /// On the list of endpoints with answers to report.
+    listed: bool,
+    /// `disconnect` was called: the slot goes once everything is reported.
+    released: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Rkey {
+    ep: u32,
+    key: u32,
+    secret: u64,
+}
+
+/// The tcp driver: one-sided RMA between workers over TCP, every socket
+/// operation through one io_uring. See the [crate](crate) documentation.
+pub struct Tcp {
+    /// Dropped by hand: only once the kernel holds no request that names
+    /// its buffers (see `Drop`).
+    uring: ManuallyDrop<Uring>,
+    listener: OwnedFd,
+    address: Address,
+    config: Config,
+    conns: Vec<Option<Box<Conn>>>,
+    /// The generation of each connection slot (kept when it is freed).
+    generations: Vec<u32>,
+    free_conns: Vec<u32>,
+    eps: Vec<Option<Ep>>,
+    regs: Vec<Option<Reg>>,
+    rkeys: Vec<Rkey>,
+    /// Completions produced outside `poll`'s answers: flushes, connects.
+    ready: VecDeque<Completion>,
+    /// Endpoints with answers to report.
+    answered: Vec<u32>,
+    /// Connections with bytes to send.
+    to_send: Vec<u32>,
+    /// Connections whose multishot receive ended and must be re-armed.
+    rearm: Vec<u32>,
+    accept_armed: bool,
+    notify: Option<Arc<NotifyPool>>,
+    /// Scratch: receive buffers to give back.
+    recycled: Vec<u16>,
+}
+
+impl std::fmt::Debug for Tcp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tcp")
+            .field("address", &self.address.socket)
+            .field("uring", &self.uring)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The live connection in `slot` of `conns` if its generation is
+/// `generation`.
+fn conn_at(conns: &mut [Option<Box<Conn>>], slot: u32, generation: u32) -> Option<&mut Conn> {
+    conns
+        .get_mut(slot as usize)?
+        .as_deref_mut()
+        .filter(|c| c.generation == generation)
+}
+
+fn err(status: Status, detail: impl Into<String>) -> DriverError {
+    DriverError::new(status, detail)
+}
+
+fn io_err(what: &str, e: impl std::fmt::Display) -> DriverError {
+    err(Status::Io, format!("tcp: {what}: {e}"))
+}
+
+/// Socket options every connection gets: no Nagle delay (frames are
+/// batched per round already), and a dead peer or path noticed within
+/// `timeout` (unacknowledged data: TCP_USER_TIMEOUT; an idle connection:
+/// keepalive probes).
+fn tune(fd: &OwnedFd, timeout: Duration) -> Result<(), DriverError> {
+    let secs = timeout.as_secs().clamp(1, u64::from(u32::MAX / 1000)) as u32;
+    let idle = (secs / 2).max(1);
+    let probes = 3;
+    let interval = ((secs - idle) / probes).max(1);
+    socket::setsockopt(fd, sockopt::TcpNoDelay, &true)
+        .and_then(|()| socket::setsockopt(fd, sockopt::KeepAlive, &true))
+        .and_then(|()| socket::setsockopt(fd, sockopt::TcpKeepIdle, &idle))
+        .and_then(|()| socket::setsockopt(fd, sockopt::TcpKeepInterval, &interval))
+        .and_then(|()| socket::setsockopt(fd, sockopt::TcpKeepCount, &probes))
+        .and_then(|()| socket::setsockopt(fd, sockopt::TcpUserTimeout, &(secs * 1000)))
+        .map_err(|e| io_err("setsockopt", e))
+}
+
+impl Tcp {
+    pub(crate) fn with_config(config: Config) -> Result<Tcp, DriverError> {
+        let uring = Uring::new(
+            config.ring_entries,
+            config.recv_buffers,
+            config.recv_buffer_size,
+        )
+        .map_err(|e| io_err("io_uring setup", e))?;
+        let listener = std::net::TcpListener::bind(config.addr)
+            .map_err(|e| io_err(&format!("listen on {}", config.addr), e))?;
+        let local = listener
+            .local_addr()
+            .map_err(|e| io_err("listening address", e))?;
+        let mut instance = [0u8; 8];
+        getrandom::fill(&mut instance).map_err(|e| io_err("random instance", e))?;
+        let listener = OwnedFd::from(listener);
+        let mut tcp = Tcp {
+            uring: ManuallyDrop::new(uring),
+            listener,
+            address: Address {
+                socket: local,
+                instance: u64::from_le_bytes(instance),
+            },
+            conns: Vec::new(),
+            generations: Vec::new(),
+            free_conns: Vec::new(),
+            eps: Vec::new(),
+            regs: Vec::new(),
+            rkeys: Vec::new(),
+            ready: VecDeque::with_capacity(4096),
+            answered: Vec::with_capacity(64),
+            to_send: Vec::with_capacity(64),
+            rearm: Vec::with_capacity(64),
+            accept_armed: false,
+            notify: None,
+            recycled: Vec::with_capacity(usize::from(config.recv_buffers)),
+            config,
+        };
+        tcp.arm_accept();
+        tcp.uring
+            .submit()
+            .map_err(|e| io_err("io_uring submit", e))?;
+        tracing::debug!(address = %tcp.address.socket, "tcp listening");
+        Ok(tcp)
+    }
+
+    /// The address this driver listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.address.socket
+    }
+
+    fn arm_accept(&mut self) {
+        if self.accept_armed {
+            return;
+        }
+        let entry = opcode::AcceptMulti::new(types::Fd(self.listener.as_raw_fd()))
+            .flags(libc::SOCK_CLOEXEC)
+            .build()
+            .user_data(uring::user_data(Tag::Accept, 0, 0));
+        // SAFETY: the entry names only the listener, which lives as long as
+        // the driver (whose teardown waits for this request to end).
+        if unsafe { self.uring.push(&entry) }.is_ok() {
+            self.accept_armed = true;
+        }
+    }
+
+    /// Puts a new connection in a free slot; returns the slot.
+    fn add_conn(&mut self, fd: OwnedFd, role: Role, peer: SockaddrStorage) -> u32 {
+        let notify_size = self.notify.as_ref().map_or(0, |p| p.buffer_size() as usize);
+        let slot = match self.free_conns.pop() {
+            Some(slot) => slot,
+            None => {
+                self.conns.push(None);
+                self.generations.push(0);
+                self.conns.len() as u32 - 1
+            }
+        };
+        let generation = self.generations[slot as usize].wrapping_add(1);
+        self.generations[slot as usize] = generation;
+        self.conns[slot as usize] = Some(Box::new(Conn {
+            fd,
+            generation,
+            role,
+            reader: Reader::new(MAX_LEN),
+            send: SendQueue::new(self.config.send_buffer, 1024),
+            peer,
+            flying: 0,
+            connected: role == Role::Accepted,
+            recv_armed: false,
+            listed: false,
+            closing: false,
+            backlog: VecDeque::with_capacity(usize::from(self.uring.buffer_count())),
+            serve: Serve::new(notify_size),
+        }));
+        slot
+    }
+
+    /// The live connection in `slot` if its generation is `generation`.
+    fn conn_mut(&mut self, slot: u32, generation: u32) -> Option<&mut Conn> {
+        conn_at(&mut self.conns, slot, generation)
+    }
+
+    fn arm_recv(&mut self, slot: u32) {
+        let Some(conn) = self
+            .conns
+            .get_mut(slot as usize)
+            .and_then(|c| c.as_deref_mut())
+        else {
+            return;
+        };
+        if conn.recv_armed || conn.closing {
+            return;
+        }
+        let entry = opcode::RecvMulti::new(types::Fd(conn.fd.as_raw_fd()), BUF_GROUP)
+            .build()
+            .user_data(uring::user_data(Tag::Recv, slot, conn.generation));
+        // SAFETY: the receive writes only into provided buffers, which live
+        // as long as the ring; the descriptor stays open while the request
+        // is in flight (`flying`).
+        if unsafe { self.uring.push(&entry) }.is_ok() {
+            conn.recv_armed = true;
+            conn.flying += 1;
+        }
+    }
+
+    /// Puts `slot` on the send list (sent at `commit`).
+    fn want_send(to_send: &mut Vec<u32>, slot: u32, conn: &mut Conn) {
+        if !conn.listed && conn.send.queued() > 0 {
+            conn.listed = true;
+            to_send.push(slot);
+        }
+    }
+
+    /// Starts closing a connection: the kernel's requests on it end
+    /// (shutdown, then cancel), and the slot is freed when the last one
+    /// has completed. A lane's endpoint fails with `status`.
+    fn close_conn(&mut self, slot: u32, status: Status) {
+        let Some(conn) = self
+            .conns
+            .get_mut(slot as usize)
+            .and_then(|c| c.as_deref_mut())
+        else {
+            return;
+        };
+        if conn.closing {
+            return;
+        }
+        conn.closing = true;
+        conn.send.discard();
+        let role = conn.role;
+        let generation = conn.generation;
+        let fd = conn.fd.as_raw_fd();
+        // Ends a receive and a send in progress at once.
+        let _ = socket::shutdown(fd, socket::Shutdown::Both);
+        if conn.flying > 0 {
+            let entry = opcode::AsyncCancel2::new(types::CancelBuilder::fd(types::Fd(fd)).all())
+                .build()
+                .user_data(uring::user_data(Tag::Cancel, slot, generation));
+            // SAFETY: a cancellation names no memory.
+            let _ = unsafe { self.uring.push(&entry) };
+        }
+        self.recycle_backlog(slot);
+        if let Role::Lane { ep, .. } = role {
+            self.fail_ep(ep, status);
+        }
+        self.maybe_free(slot);
+    }
+
+    fn recycle_backlog(&mut self, slot: u32) {
+        let Some(conn) = self
+            .conns
+            .get_mut(slot as usize)
+            .and_then(|c| c.as_deref_mut())
+        else {
+            return;
+        };
+        let bids = conn.backlog.drain(..).map(|(bid, _, _)| bid);
+        self.uring.recycle(bids);
+    }
+
+    /// Frees a closing connection once nothing in flight names it.
+    fn maybe_free(&mut self, slot: u32) {
+        let free = self
+            .conns
+            .get(slot as usize)
+            .and_then(|c| c.as_deref())
+            .is_some_and(|c| c.closing && c.flying == 0);
+        if free {
+            self.conns[slot as usize] = None;
+            self.free_conns.push(slot);
+        }
+    }
+
+    /// Fails endpoint `e`: every request not yet answered completes with
+    /// `status`, so do its flushes and a connect in progress, and its
+    /// connections close.
+    fn fail_ep(&mut self, e: u32, status: Status) {
+        let Some(ep) = self.eps.get_mut(e as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        if matches!(ep.state, EpState::Failed(_)) {
+            return;
+        }
+        if let EpState::Connecting(token) = ep.state {
+            self.ready.push_back(Completion {
+                token,
+                result: Err(status),
+            });
+        }
+        tracing::debug!(ep = e, %status, "tcp endpoint failed");
+        ep.state = EpState::Failed(status);
+        let conns: Vec<u32> = ep.lanes.iter().map(|l| l.conn).collect();
+        for lane in &mut ep.lanes {
+            lane.fail_all(status);
+        }
+        if !ep.listed {
+            ep.listed = true;
+            self.answered.push(e);
+        }
+        for slot in conns {
+            self.close_conn(slot, status);
+        }
+    }
+
+    fn handle(&mut self, cqe: &cqueue::Entry) {
+        let Some((tag, slot, generation)) = uring::parse_user_data(cqe.user_data()) else {
+            return;
+        };
+        let (res, flags) = (cqe.result(), cqe.flags());
+        match tag {
+            Tag::Accept => self.on_accept(res, flags),
+            Tag::Connect => self.on_connect(slot, generation, res),
+            Tag::Send => self.on_send(slot, generation, res),
+            Tag::Recv => self.on_recv(slot, generation, res, flags),
+            Tag::Cancel => {}
+        }
+    }
+
+    fn on_accept(&mut self, res: i32, flags: u32) {
+        if !cqueue::more(flags) {
+            // Re-armed at the next commit (canceled when the submitting
+            // thread exited, or out of resources).
+            self.accept_armed = false;
+        }
+        if res < 0 {
+            tracing::debug!(errno = -res, "tcp accept failed");
+            return;
+        }
+        // SAFETY: a successful accept returns a new descriptor we own.
+        let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(res) };
+        if let Err(e) = tune(&fd, self.config.timeout) {
+            tracing::debug!(%e, "tcp: accepted connection dropped");
+            return;
+        }
+        let peer = SockaddrStorage::from(std::net::SocketAddr::from(([0, 0, 0, 0], 0)));
+        let slot = self.add_conn(fd, Role::Accepted, peer);
+        self.arm_recv(slot);
+    }
+
+    fn on_connect(&mut self, slot: u32, generation: u32, res: i32) {
+        let Some(conn) = self.conn_mut(slot, generation) else {
+            return;
+        };
+        conn.flying -= 1;
+        if conn.closing {
+            self.maybe_free(slot);
+            return;
+        }
+        if res < 0 {
+            tracing::debug!(errno = -res, "tcp connect failed");
+            self.close_conn(slot, Status::PeerUnreachable);
+            return;
+        }
+        conn.connected = true;
+        self.arm_recv(slot);
+    }
+
+    fn on_send(&mut self, slot: u32, generation: u32, res: i32) {
+        let Some(conn) = conn_at(&mut self.conns, slot, generation) else {
+            return;
+        };
+        conn.flying -= 1;
+        if conn.closing {
+            self.maybe_free(slot);
+            return;
+        }
+        if res < 0 {
+            tracing::debug!(errno = -res, "tcp send failed");
+            self.close_conn(slot, Status::PeerUnreachable);
+            return;
+        }
+        match conn.send.sent(res as usize) {
+            Sent::Done => {}
+            Sent::More(msg) => {
+                let entry = Self::send_entry(conn, slot, msg);
+                // SAFETY: as in `commit`.
+                if unsafe { self.uring.push(&entry) }.is_ok() {
+                    conn.flying += 1;
+                }
+                return;
+            }
+        }
+        // Room freed: a paused reader (answers waiting for room) goes on.
+        if conn.role == Role::Accepted {
+            self.drain(slot);
+        }
+        if let Some(conn) = self.conns[slot as usize].as_deref_mut() {
+            Self::want_send(&mut self.to_send, slot, conn);
+        }
+    }
+
+    fn send_entry(conn: &Conn, slot: u32, msg: *const libc::msghdr) -> io_uring::squeue::Entry {
+        opcode::SendMsg::new(types::Fd(conn.fd.as_raw_fd()), msg)
+            .flags((libc::MSG_NOSIGNAL | libc::MSG_WAITALL) as u32)
+            .build()
+            .user_data(uring::user_data(Tag::Send, slot, conn.generation))
+    }
+
+    fn on_recv(&mut self, slot: u32, generation: u32, res: i32, flags: u32) {
+        let bid = cqueue::buffer_select(flags);
+        let Some(conn) = conn_at(&mut self.conns, slot, generation) else {
+            self.uring.recycle(bid);
+            return;
+        };
+        let more = cqueue::more(flags);
+        if !more {
+            conn.recv_armed = false;
+            conn.flying -= 1;
+        }
+        if conn.closing {
+            self.uring.recycle(bid);
+            self.maybe_free(slot);
+            return;
+        }
+        match (res, bid) {
+            (n, Some(bid)) if n > 0 => {
+                conn.backlog.push_back((bid, n as u32, 0));
+                self.drain(slot);
+                if !more {
+                    self.rearm.push(slot);
+                }
+            }
+            (n, _) if n == -libc_errno::ENOBUFS || n == -libc_errno::ECANCELED => {
+                // Out of receive buffers, or canceled when the thread that
+                // armed it exited: armed again at the next commit.
+                self.uring.recycle(bid);
+                self.rearm.push(slot);
+            }
+            (0, _) => {
+                self.uring.recycle(bid);
+                let clean = conn.reader.eof().is_ok();
+                let status = if clean {
+                    Status::PeerUnreachable
+                } else {
+                    tracing::debug!("tcp: peer closed inside a frame");
+                    Status::Transport
+                };
+                self.close_conn(slot, status);
+            }
+            (n, _) => {
+                self.uring.recycle(bid);
+                tracing::debug!(errno = -n, "tcp receive failed");
+                self.close_conn(slot, Status::PeerUnreachable);
+            }
+        }
+    }
+
+    /// Feeds connection `slot`'s received bytes to its reader, as far as
+    /// the reader takes them.
+    fn drain(&mut self, slot: u32) {
+        let Tcp {
+            uring,
+            conns,
+            eps,
+            regs,
+            notify,
+            address,
+            answered,
+            recycled,
+            to_send,
+            ..
+        } = self;
+        let Some(conn) = conns.get_mut(slot as usize).and_then(|c| c.as_deref_mut()) else {
+            return;
+        };
+        let mut broken: Option<Broken> = None;
+        let mut refused = None;
+        match conn.role {
+            Role::Accepted => {
+                let mut handler = Requests {
+                    serve: &mut conn.serve,
+                    send: &mut conn.send,
+                    regs,
+                    notify: notify.as_deref(),
+                    instance: address.instance,
+                };
+                // A frame paused earlier goes first.
+                let mut go = handler.pump_get();
+                if go {
+                    match conn.reader.feed(&[], &mut handler) {
+                        Ok(_) => {}
+                        Err(b) => broken = Some(b),
+                    }
+                }
+                while go && broken.is_none() {
+                    let Some(&mut (bid, len, ref mut taken)) = conn.backlog.front_mut() else {
+                        break;
+                    };
+                    let data = uring.buffer(bid, len as usize).unwrap_or_default();
+                    let rest = data.get(*taken as usize..).unwrap_or_default();
+                    match conn.reader.feed(rest, &mut handler) {
+                        Ok(n) => {
+                            *taken += n as u32;
+                            if *taken >= len {
+                                conn.backlog.pop_front();
+                                recycled.push(bid);
+                            } else {
+                                go = false; // paused: waits for send room
+                            }
+                        }
+                        Err(b) => broken = Some(b),
+                    }
+                }
+                // What this round took is answered in this round's send (a
+                // full batch answers after the send in flight completes).
+                handler.flush_ack();
+            }
+            Role::Lane { ep, lane } => {
+                let Some(endpoint) = eps.get_mut(ep as usize).and_then(Option::as_mut) else {
+                    return;
+                };
+                let mut progressed = false;
+                let Some(l) = endpoint.lanes.get_mut(usize::from(lane)) else {
+                    return;
+                };
+                let mut handler = Answers {
+                    lane: l,
+                    instance: endpoint.peer.instance,
+                    refused: &mut refused,
+                    progressed: &mut progressed,
+                };
+                while let Some((bid, len, _)) = conn.backlog.pop_front() {
+                    let data = uring.buffer(bid, len as usize).unwrap_or_default();
+                    let result = conn.reader.feed(data, &mut handler);
+                    recycled.push(bid);
+                    if let Err(b) = result {
+                        broken = Some(b);
+                        break;
+                    }
+                }
+                // A failed endpoint was listed when it failed.
+                if progressed && !endpoint.listed && !matches!(endpoint.state, EpState::Failed(_)) {
+                    endpoint.listed = true;
+                    answered.push(ep);
+                }
+            }
+        }
+        Self::want_send(to_send, slot, conn);
+        uring.recycle(recycled.drain(..));
+        if let Some(b) = broken {
+            tracing::debug!(?b, "tcp: connection closed: broken stream");
+            self.close_conn(slot, Status::Transport);
+        } else if let Some(status) = refused {
+            self.close_conn(slot, status);
+        }
+    }
+
+    /// Reports answered requests, finished flushes and finished connects
+    /// into `out` from index `n`; returns the new `n`.
+    fn emit(&mut self, out: &mut [Completion], mut n: usize) -> usize {
+        let mut i = 0;
+        while i < self.answered.len() && n < out.len() {
+            let e = self.answered[i];
+            let Some(ep) = self.eps.get_mut(e as usize).and_then(Option::as_mut) else {
+                self.answered.swap_remove(i);
+                continue;
+            };
+            if let EpState::Connecting(token) = ep.state {
+                if ep.lanes.iter().all(|l| l.up) {
+                    ep.state = EpState::Up;
+                    self.ready.push_back(Completion {
+                        token,
+                        result: Ok(0),
+                    });
+                }
+            }
+            let failed = match ep.state {
+                EpState::Failed(status) => Some(status),
+                _ => None,
+            };
+            let mut done = true;
+            for lane in &mut ep.lanes {
+                n = lane.emit(out, n);
+                while let Some(&(f, seq)) = lane.marks.front() {
+                    if !lane.reported(seq) {
+                        break;
+                    }
+                    lane.marks.pop_front();
+                    let Some(flush) = ep.flushes.get_mut(f as usize).and_then(Option::as_mut)
+                    else {
+                        continue;
+                    };
+                    flush.remaining -= 1;
+                    if flush.remaining == 0 {
+                        self.ready.push_back(Completion {
+                            token: flush.token,
+                            result: failed.map_or(Ok(0), Err),
+                        });
+                        ep.flushes[f as usize] = None;
+                    }
+                }
+                done &= lane.answered == 0;
+            }
+            if done {
+                ep.listed = false;
+                self.answered.swap_remove(i);
+                if ep.released && ep.lanes.iter().all(|l| l.pending.is_empty()) {
+                    self.eps[e as usize] = None;
+                }
+            } else {
+                i += 1;
+            }
+        }
+        while n < out.len() {
+            let Some(c) = self.ready.pop_front() else {
+                break;
+            };
+            out[n] = c;
+            n += 1;
+        }
+        n
+    }
+
+    /// Cancels everything and waits (bounded) until the kernel holds no
+    /// request that names this driver's memory.
+    fn quiesce_all(&mut self) {
+        let slots: Vec<u32> = (0..self.conns.len() as u32).collect();
+        for slot in slots {
+            self.close_conn(slot, Status::Canceled);
+        }
+        if self.accept_armed {
+            let entry = opcode::AsyncCancel2::new(
+                types::CancelBuilder::fd(types::Fd(self.listener.as_raw_fd())).all(),
+            )
+            .build()
+            .user_data(uring::user_data(Tag::Cancel, 0, 0));
+            // SAFETY: a cancellation names no memory.
+            let _ = unsafe { self.uring.push(&entry) };
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.accept_armed || self.conns.iter().any(Option::is_some) {
+            if Instant::now() > deadline {
+                tracing::error!("tcp: requests still in flight after 10 s of teardown");
+                break;
+            }
+            if self.uring.submit_and_wait().is_err() {
+                break;
+            }
+            while let Some(cqe) = self.uring.next() {
+                self.handle_teardown(&cqe);
+            }
+        }
+    }
+
+    /// A completion during teardown: only the bookkeeping of what is in
+    /// flight.
+    fn handle_teardown(&mut self, cqe: &cqueue::Entry) {
+        let Some((tag, slot, generation)) = uring::parse_user_data(cqe.user_data()) else {
+            return;
+        };
+        let flags = cqe.flags();
+        match tag {
+            Tag::Accept => {
+                if cqe.result() >= 0 {
+                    // SAFETY: a new descriptor we own; closed at once.
+                    drop(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(cqe.result()) });
+                }
+                if !cqueue::more(flags) {
+                    self.accept_armed = false;
+                }
+            }
+            Tag::Recv => {
+                self.uring.recycle(cqueue::buffer_select(flags));
+                if let Some(conn) = self.conn_mut(slot, generation) {
+                    if !cqueue::more(flags) {
+                        conn.flying -= 1;
+                    }
+                }
+                self.maybe_free(slot);
+            }
+            Tag::Send | Tag::Connect => {
+                if let Some(conn) = self.conn_mut(slot, generation) {
+                    conn.flying -= 1;
+                }
+                self.maybe_free(slot);
+            }
+            Tag::Cancel => {}
+        }
+    }
+
+    fn ep_mut(&mut self, ep: DriverEp) -> Option<&mut Ep> {
+        self.eps.get_mut(ep.0 as usize).and_then(Option::as_mut)
+    }
+}
+
+impl Drop for Tcp {
+    fn drop(&mut self) {
+        self.quiesce_all();
+        if self.accept_armed || self.conns.iter().any(Option::is_some) {
+            // The kernel may still write into the receive buffers or read
+            // the send batches: leak them rather than free memory it uses.
+            std::mem::forget(std::mem::take(&mut self.conns));
+            return;
+        }
+        // SAFETY: dropped once, here, with nothing in flight.
+        unsafe { ManuallyDrop::drop(&mut self.uring) };
+    }
+}
+
+impl Driver for Tcp {
+    fn name(&self) -> &'static str {
+        "tcp"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        // Every operation on ordered lanes (one TCP stream each, answered
+        // in order), over host memory.
+        Capabilities::host_rma(self.config.max_lanes, MAX_LEN)
+    }
+
+    fn attach(&mut self, ctx: DriverContext) {
+        self.notify = Some(ctx.notify);
+    }
+
+    fn address(&self) -> Vec<u8> {
+        self.address.encode()
+    }
+
+    /// Opens `lanes` connections and greets the peer on each; the endpoint
+    /// is up when every HELLO is answered (reported through `poll`).
+    fn connect(&mut self, peer: &[u8], lanes: u8, token: Token) -> Result<Connect, DriverError> {
+        let address = Address::decode(peer)
+            .ok_or_else(|| err(Status::InvalidArgument, "malformed tcp address"))?;
+        if lanes == 0 || lanes > self.config.max_lanes {
+            return Err(err(Status::InvalidArgument, "lanes out of range"));
+        }
+        let e = match self.eps.iter().position(Option::is_none) {
+            Some(e) => e,
+            None => {
+                self.eps.push(None);
+                self.eps.len() - 1
+            }
+        } as u32;
+        let family = match address.socket {
+            SocketAddr::V4(_) => AddressFamily::Inet,
+            SocketAddr::V6(_) => AddressFamily::Inet6,
+        };
+        let mut slots = Vec::with_capacity(usize::from(lanes));
+        for lane in 0..lanes {
+            let fd = socket::socket(family, SockType::Stream, SockFlag::SOCK_CLOEXEC, None)
+                .map_err(|e| io_err("socket", e));
+            let fd = match fd.and_then(|fd| tune(&fd, self.config.timeout).map(|()| fd)) {
+                Ok(fd) => fd,
+                Err(e) => {
+                    for slot in slots {
+                        self.conns[slot as usize] = None;
+                        self.free_conns.push(slot);
+                    }
+                    return Err(e);
+                }
+            };
+            let slot = self.add_conn(
+                fd,
+                Role::Lane { ep: e, lane },
+                SockaddrStorage::from(address.socket),
+            );
+            let conn = self.conns[slot as usize]
+                .as_deref_mut()
+                .expect("just added");
+            let hello = Header {
+                arg: lanes,
+                seq: self.address.instance,
+                addr: u64::from(e),
+                operand: address.instance,
+                ..Header::new(Opcode::Hello, lane)
+            };
+            let queued = conn.send.push_copy(&[&hello.encode()]);
+            debug_assert!(queued, "an empty batch takes a header");
+            slots.push(slot);
+        }
+        let depth = self.config.depth;
+        self.eps[e as usize] = Some(Ep {
+            peer: address,
+            state: EpState::Connecting(token),
+            lanes: slots.iter().map(|&s| Lane::new(s, depth)).collect(),
+            flushes: (0..MAX_FLUSHES).map(|_| None).collect(),
+            listed: false,
+            released: false,
+        });
+        for &slot in &slots {
+            let conn = self.conns[slot as usize]
+                .as_deref_mut()
+                .expect("just added");
+            let entry = opcode::Connect::new(
+                types::Fd(conn.fd.as_raw_fd()),
+                conn.peer.as_ptr(),
+                conn.peer.len(),
+            )
+            .build()
+            .user_data(uring::user_data(Tag::Connect, slot, conn.generation));
+            // SAFETY: the address lives in the boxed connection, which is
+            // freed only after this request completes (`flying`).
+            if unsafe { self.uring.push(&entry) }.is_ok() {
+                conn.flying += 1;
+            }
+            // The HELLO follows the connect (linked order is not needed:
+            // it is sent once the connect completed, at a commit).
+            Self::want_send(&mut self.to_send, slot, conn);
+        }
+        // The sends wait for their connects: hold them off the list until
+        // then (see `commit`).
+        self.uring
+            .submit()
+            .map_err(|e| io_err("io_uring submit", e))?;
+        tracing::debug!(ep = e, peer = %address.socket, lanes, "tcp connecting");
+        Ok(Connect::InFlight(DriverEp(e)))
+    }
+
+    fn disconnect(&mut self, ep: DriverEp) {
+        let Some(endpoint) = self.ep_mut(ep) else {
+            return;
+        };
+        endpoint.released = true;
+        let listed = endpoint.listed;
+        if !matches!(endpoint.state, EpState::Failed(_)) {
+            self.fail_ep(ep.0, Status::Canceled);
+        } else if !listed {
+            if let Some(endpoint) = self.ep_mut(ep) {
+                endpoint.listed = true;
+            }
+            self.answered.push(ep.0);
+        }
+    }
+
+    fn register(&mut self, mem: &MemDesc) -> Result<DriverMemKey, DriverError> {
+        if mem.kind != MemKind::Host {
+            return Err(err(Status::Unsupported, "tcp registers host memory only"));
+        }
+        mem.addr
+            .checked_add(mem.len)
+            .ok_or_else(|| err(Status::InvalidArgument, "range wraps"))?;
+        let reg = Reg {
+            base: mem.addr,
+            len: mem.len,
+            secret: mem.secret,
+        };
+        let id = match self.regs.iter().position(Option::is_none) {
+            Some(id) => id,
+            None => {
+                self.regs.push(None);
+                self.regs.len() - 1
+            }
+        };
+        self.regs[id] = Some(reg);
+        Ok(DriverMemKey(id as u64))
+    }
+
+    fn deregister(&mut self, key: DriverMemKey) {
+        if let Some(slot) = self.regs.get_mut(key.0 as usize) {
+            *slot = None;
+        }
+    }
+
+    fn pack_rkey(&self, key: DriverMemKey) -> Result<Vec<u8>, DriverError> {
+        let reg = self
+            .regs
+            .get(key.0 as usize)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| err(Status::InvalidMemHandle, "not registered"))?;
+        Ok(KeyBlob {
+            instance: self.address.instance,
+            key: key.0 as u32,
+            secret: reg.secret,
+            base: reg.base,
+            len: reg.len,
+        }
+        .encode())
+    }
+
+    fn unpack_rkey(&mut self, ep: DriverEp, blob: &[u8]) -> Result<DriverRkey, DriverError> {
+        let key = KeyBlob::decode(blob)
+            .ok_or_else(|| err(Status::InvalidArgument, "malformed tcp key"))?;
+        let endpoint = self
+            .ep_mut(ep)
+            .ok_or_else(|| err(Status::InvalidEndpoint, "not connected"))?;
+        if key.instance != endpoint.peer.instance {
+            return Err(err(Status::InvalidRkey, "the key belongs to another peer"));
+        }
+        self.rkeys.push(Rkey {
+            ep: ep.0,
+            key: key.key,
+            secret: key.secret,
+        });
+        Ok(DriverRkey(self.rkeys.len() as u32 - 1))
+    }
+
+    unsafe fn post(&mut self, ep: DriverEp, op: &Op, token: Token) -> Posted {
+        let rkey = match op.remote {
+            Some((rkey, addr)) => match self.rkeys.get(rkey.0 as usize) {
+                Some(k) if k.ep == ep.0 => Some((*k, addr)),
+                _ => return Posted::Done(Err(Status::InvalidRkey)),
+            },
+            None => None,
+        };
+        let Tcp {
+            eps,
+            conns,
+            to_send,
+            ..
+        } = self;
+        let Some(endpoint) = eps.get_mut(ep.0 as usize).and_then(Option::as_mut) else {
+            return Posted::Done(Err(Status::InvalidEndpoint));
+        };
+        match endpoint.state {
+            EpState::Up => {}
+            EpState::Failed(status) => return Posted::Done(Err(status)),
+            EpState::Connecting(_) => return Posted::Done(Err(Status::EndpointFailed)),
+        }
+        let Some(lane) = endpoint.lanes.get_mut(usize::from(op.lane)) else {
+            return Posted::Done(Err(Status::InvalidArgument));
+        };
+        if !lane.has_room() {
+            return Posted::NoResource;
+        }
+        let Some(conn) = conns
+            .get_mut(lane.conn as usize)
+            .and_then(|c| c.as_deref_mut())
+        else {
+            return Posted::Done(Err(Status::PeerUnreachable));
+        };
+        let mut h = Header {
+            len: op.len,
+            seq: lane.next_seq(),
+            ..Header::new(Opcode::Put, op.lane)
+        };
+        if let Some((k, addr)) = rkey {
+            h.key = k.key;
+            h.secret = k.secret;
+            h.addr = addr;
+        }
+        let (queued, wants) = match op.kind {
+            OpKind::Put if op.len <= COPY_MAX => {
+                let src = op.local_addr;
+                let len = op.len as usize;
+                let queued = conn.send.push_filled(&h.encode(), len, |dst| {
+                    // SAFETY: the engine vouches for `[src, src + len)` (the
+                    // `post` contract); `dst` is `len` bytes of staging.
+                    unsafe { peer_mem::copy(src, dst as u64, len) }
+                });
+                (queued, Wants::Ack { len: op.len })
+            }
+            OpKind::Put => {
+                // SAFETY: the engine keeps the source registered until this
+                // operation completes, which is after its send completed
+                // (the target answers only what it received).
+                let queued = unsafe {
+                    conn.send
+                        .push_ref(&h.encode(), op.local_addr, op.len as usize)
+                };
+                (queued, Wants::Ack { len: op.len })
+            }
+            OpKind::Get => {
+                h.opcode = Opcode::Get;
+                let wants = Wants::Data {
+                    dst: op.local_addr,
+                    len: op.len,
+                    got: 0,
+                };
+                (conn.send.push_copy(&[&h.encode()]), wants)
+            }
+            OpKind::Atomic(aop) => {
+                h.opcode = Opcode::Atomic;
+                h.arg = aop.as_raw();
+                h.len = 8;
+                h.operand = op.operand;
+                if aop == AtomicOp::CSWAP {
+                    h.operand2 = op.operand2;
+                }
+                let dst = aop.is_fetching().then_some(op.local_addr);
+                (conn.send.push_copy(&[&h.encode()]), Wants::Fetch { dst })
+            }
+            OpKind::Notify => {
+                h = Header {
+                    len: op.len,
+                    seq: h.seq,
+                    operand: op.operand,
+                    ..Header::new(Opcode::Notify, op.lane)
+                };
+                let src = op.local_addr;
+                let len = op.len as usize;
+                let queued = conn.send.push_filled(&h.encode(), len, |dst| {
+                    // SAFETY: as for a small PUT.
+                    unsafe { peer_mem::copy(src, dst as u64, len) }
+                });
+                (queued, Wants::Ack { len: op.len })
+            }
+        };
+        if !queued {
+            return Posted::NoResource;
+        }
+        lane.push(token, wants);
+        let slot = lane.conn;
+        Self::want_send(to_send, slot, conn);
+        Posted::InFlight
+    }
+
+    fn flush(&mut self, ep: DriverEp, lanes: LaneMask, token: Token) -> Posted {
+        let Some(endpoint) = self.ep_mut(ep) else {
+            return Posted::Done(Err(Status::InvalidEndpoint));
+        };
+        if let EpState::Failed(status) = endpoint.state {
+            return Posted::Done(Err(status));
+        }
+        let Some(f) = endpoint.flushes.iter().position(Option::is_none) else {
+            return Posted::NoResource;
+        };
+        let mut remaining = 0;
+        for (i, lane) in endpoint.lanes.iter_mut().enumerate() {
+            if lanes & (1 << i) == 0 || lane.pending.is_empty() {
+                continue;
+            }
+            if lane.marks.len() == lane.marks.capacity() {
+                // Undo: a flush either waits on every lane or on none.
+                for l in &mut endpoint.lanes {
+                    if l.marks.back().is_some_and(|&(m, _)| m == f as u32) {
+                        l.marks.pop_back();
+                    }
+                }
+                return Posted::NoResource;
+            }
+            lane.marks.push_back((f as u32, lane.next_seq() - 1));
+            remaining += 1;
+        }
+        if remaining == 0 {
+            return Posted::Done(Ok(0));
+        }
+        endpoint.flushes[f] = Some(Flush { token, remaining });
+        Posted::InFlight
+    }
+
+    fn commit(&mut self) {
+        if !self.accept_armed {
+            self.arm_accept();
+        }
+        for slot in std::mem::take(&mut self.rearm) {
+            self.arm_recv(slot);
+        }
+        let mut i = 0;
+        while i < self.to_send.len() {
+            let slot = self.to_send[i];
+            let Some(conn) = self
+                .conns
+                .get_mut(slot as usize)
+                .and_then(|c| c.as_deref_mut())
+            else {
+                self.to_send.swap_remove(i);
+                continue;
+            };
+            // A lane's first bytes (its HELLO) wait for its connect.
+            if conn.closing || !conn.connected || conn.send.is_flying() {
+                if conn.closing {
+                    conn.listed = false;
+                    self.to_send.swap_remove(i);
+                } else {
+                    i += 1;
+                }
+                continue;
+            }
+            if let Some(msg) = conn.send.start() {
+                let entry = Self::send_entry(conn, slot, msg);
+                // SAFETY: the msghdr, its iovecs and the staging they point
+                // into live in the boxed connection's batch, untouched until
+                // this send completes; iovecs over registered memory stay
+                // valid until the operation completes (the `post` contract),
+                // which is after this send completed.
+                if unsafe { self.uring.push(&entry) }.is_ok() {
+                    conn.flying += 1;
+                }
+            }
+            conn.listed = false;
+            self.to_send.swap_remove(i);
+        }
+        if let Err(e) = self.uring.submit() {
+            tracing::warn!(%e, "tcp: io_uring submit failed");
+        }
+    }
+
+    fn poll(&mut self, out: &mut [Completion]) -> usize {
+        let mut n = self.emit(out, 0);
+        let mut budget = CQES_PER_POLL.max(out.len());
+        while n < out.len() && budget > 0 {
+            let Some(cqe) = self.uring.next() else {
+                break;
+            };
+            budget -= 1;
+            self.handle(&cqe);
+            n = self.emit(out, n);
+        }
+        n
+    }
+
+    fn wake_fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.uring.eventfd())
+    }
+
+    fn quiesce(&mut self, scope: Quiesce) {
+        match scope {
+            // Every access to registered memory happens inside `poll`
+            // (received bytes are copied out of the receive buffers there),
+            // so a deregistered key is never touched again.
+            Quiesce::Memory(_) => {}
+            Quiesce::All => self.quiesce_all(),
+        }
+    }
+
+    fn lane_ordered(&self, _ep: DriverEp, _lane: u8) -> bool {
+        true
+    }
+}

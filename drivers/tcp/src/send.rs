@@ -1,0 +1,311 @@
+//! A connection's outgoing bytes: two batches, one filling while the other
+//! is in the kernel.
+//!
+//! A batch is a list of iovecs over its own staging buffer (frame headers,
+//! small payloads, GET data) and over registered memory the engine keeps
+//! alive until the operation completes (large PUT payloads, sent without a
+//! copy). At the end of a round the filled batch goes out as one `sendmsg`
+//! with `MSG_WAITALL` (the kernel keeps sending until all of it is gone or
+//! the connection fails); while it is in flight the other batch fills.
+
+use nix::libc;
+
+/// One batch: staging bytes and the iovecs of a `sendmsg`.
+struct Batch {
+    buf: Box<[u8]>,
+    used: usize,
+    iovs: Vec<libc::iovec>,
+    /// First iovec not yet sent (partial sends).
+    first: usize,
+    /// Bytes in the batch.
+    total: usize,
+    msg: libc::msghdr,
+}
+
+impl Batch {
+    fn new(bytes: usize, iovs: usize) -> Box<Batch> {
+        Box::new(Batch {
+            buf: vec![0u8; bytes].into_boxed_slice(),
+            used: 0,
+            iovs: Vec::with_capacity(iovs),
+            first: 0,
+            total: 0,
+            // SAFETY: an all-zero msghdr is a valid empty one.
+            msg: unsafe { std::mem::zeroed() },
+        })
+    }
+
+    fn is_empty(&self) -> bool {
+        self.total == 0
+    }
+
+    fn clear(&mut self) {
+        self.used = 0;
+        self.iovs.clear();
+        self.first = 0;
+        self.total = 0;
+    }
+
+    /// Appends an iovec over `[base, base + len)`, merged with the last one
+    /// when contiguous.
+    fn push_iov(&mut self, base: *mut u8, len: usize) {
+        if let Some(last) = self.iovs.last_mut() {
+            // `wrapping_add`: only compared, never dereferenced.
+            if (last.iov_base as *mut u8).wrapping_add(last.iov_len) == base {
+                last.iov_len += len;
+                self.total += len;
+                return;
+            }
+        }
+        self.iovs.push(libc::iovec {
+            iov_base: base.cast(),
+            iov_len: len,
+        });
+        self.total += len;
+    }
+
+    /// The msghdr for what is left to send.
+    fn prepare(&mut self) -> *const libc::msghdr {
+        let rest = &mut self.iovs[self.first..];
+        self.msg.msg_iov = rest.as_mut_ptr();
+        self.msg.msg_iovlen = rest.len();
+        &self.msg
+    }
+
+    /// `n` more bytes went out; returns whether the batch is done.
+    fn advance(&mut self, mut n: usize) -> bool {
+        self.total -= n.min(self.total);
+        while n > 0 {
+            let Some(iov) = self.iovs.get_mut(self.first) else {
+                break;
+            };
+            if n < iov.iov_len {
+                iov.iov_base = (iov.iov_base as *mut u8).wrapping_add(n).cast();
+                iov.iov_len -= n;
+                break;
+            }
+            n -= iov.iov_len;
+            self.first += 1;
+        }
+        self.total == 0
+    }
+}
+
+/// A connection's send side.
+pub(crate) struct SendQueue {
+    batches: [Box<Batch>; 2],
+    /// The batch being filled.
+    open: usize,
+    /// The other batch is in the kernel.
+    flying: bool,
+}
+
+// SAFETY: the raw pointers in the iovecs and msghdrs point into the
+// batches' own boxed buffers or into registered memory the engine keeps
+// alive; none is tied to a thread.
+unsafe impl Send for SendQueue {}
+
+impl std::fmt::Debug for SendQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SendQueue")
+            .field("queued", &self.queued())
+            .field("flying", &self.flying)
+            .finish()
+    }
+}
+
+/// What a send completion leaves to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Sent {
+    /// The batch is gone; nothing is in flight.
+    Done,
+    /// Part of it remains: send this msghdr.
+    More(*const libc::msghdr),
+}
+
+impl SendQueue {
+    /// Batches of `bytes` staging bytes and `iovs` iovecs each.
+    pub(crate) fn new(bytes: usize, iovs: usize) -> SendQueue {
+        SendQueue {
+            batches: [Batch::new(bytes, iovs), Batch::new(bytes, iovs)],
+            open: 0,
+            flying: false,
+        }
+    }
+
+    fn open(&mut self) -> &mut Batch {
+        &mut self.batches[self.open]
+    }
+
+    /// Staging bytes free in the filling batch.
+    pub(crate) fn room(&self) -> usize {
+        let b = &self.batches[self.open];
+        if b.iovs.len() + 2 > b.iovs.capacity() {
+            0
+        } else {
+            b.buf.len() - b.used
+        }
+    }
+
+    /// Bytes waiting for the next send.
+    pub(crate) fn queued(&self) -> usize {
+        self.batches[self.open].total
+    }
+
+    /// Whether a send is in flight.
+    pub(crate) fn is_flying(&self) -> bool {
+        self.flying
+    }
+
+    /// Copies `parts` into the filling batch; `false` (nothing queued) if
+    /// they do not fit.
+    pub(crate) fn push_copy(&mut self, parts: &[&[u8]]) -> bool {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        if len > self.room() {
+            return false;
+        }
+        let b = self.open();
+        let start = b.used;
+        for part in parts {
+            b.buf[b.used..b.used + part.len()].copy_from_slice(part);
+            b.used += part.len();
+        }
+        let base = b.buf[start..].as_mut_ptr();
+        b.push_iov(base, len);
+        true
+    }
+
+    /// Queues `header` then `len` bytes that `fill` writes into staging;
+    /// `false` (nothing queued) if they do not fit.
+    ///
+    /// `fill` gets a pointer to `len` writable bytes of staging.
+    pub(crate) fn push_filled(
+        &mut self,
+        header: &[u8],
+        len: usize,
+        fill: impl FnOnce(*mut u8),
+    ) -> bool {
+        if header.len() + len > self.room() {
+            return false;
+        }
+        let b = self.open();
+        let start = b.used;
+        b.buf[start..start + header.len()].copy_from_slice(header);
+        let data = b.buf[start + header.len()..start + header.len() + len].as_mut_ptr();
+        fill(data);
+        b.used += header.len() + len;
+        let base = b.buf[start..].as_mut_ptr();
+        b.push_iov(base, header.len() + len);
+        true
+    }
+
+    /// Queues `header`, then `len` bytes at `addr` sent from where they
+    /// are; `false` (nothing queued) if there is no room.
+    ///
+    /// # Safety
+    /// `[addr, addr + len)` stays readable until this batch's send has
+    /// completed (the operation's completion, which comes after).
+    pub(crate) unsafe fn push_ref(&mut self, header: &[u8], addr: u64, len: usize) -> bool {
+        if header.len() > self.room() {
+            return false;
+        }
+        self.push_copy(&[header]);
+        self.open().push_iov(addr as usize as *mut u8, len);
+        true
+    }
+
+    /// Starts sending the filled batch if nothing is in flight: returns
+    /// its msghdr, valid until the send completes.
+    pub(crate) fn start(&mut self) -> Option<*const libc::msghdr> {
+        if self.flying || self.batches[self.open].is_empty() {
+            return None;
+        }
+        self.flying = true;
+        let sending = self.open;
+        self.open ^= 1;
+        Some(self.batches[sending].prepare())
+    }
+
+    /// The in-flight send moved `n` bytes.
+    pub(crate) fn sent(&mut self, n: usize) -> Sent {
+        let b = &mut self.batches[self.open ^ 1];
+        if b.advance(n) {
+            b.clear();
+            self.flying = false;
+            Sent::Done
+        } else {
+            Sent::More(b.prepare())
+        }
+    }
+
+    /// Drops everything queued (the connection is closing).
+    pub(crate) fn discard(&mut self) {
+        self.batches[self.open].clear();
+    }
+}
+
+/// A null msghdr, for tests.
+#[cfg(test)]
+fn read_all(msg: *const libc::msghdr) -> Vec<u8> {
+    let mut out = Vec::new();
+    // SAFETY: a msghdr this module prepared: its iovecs point at live
+    // staging or at the test's own buffers.
+    unsafe {
+        let m = &*msg;
+        for i in 0..m.msg_iovlen {
+            let iov = &*m.msg_iov.add(i);
+            out.extend_from_slice(std::slice::from_raw_parts(
+                iov.iov_base as *const u8,
+                iov.iov_len,
+            ));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ptr;
+
+    #[test]
+    fn batches_alternate_and_keep_order() {
+        let mut q = SendQueue::new(64, 8);
+        let payload = *b"0123456789abcdef";
+        assert!(q.push_copy(&[b"head", b"er"]));
+        // SAFETY: `payload` outlives the sends below.
+        assert!(unsafe { q.push_ref(b"H2", payload.as_ptr() as u64, payload.len()) });
+        assert!(q.push_filled(b"H3", 3, |p| {
+            // SAFETY: `push_filled` hands out 3 writable bytes.
+            unsafe { ptr::copy_nonoverlapping(b"xyz".as_ptr(), p, 3) }
+        }));
+        let msg = q.start().unwrap();
+        assert!(q.start().is_none(), "one send at a time");
+        assert_eq!(read_all(msg), b"headerH20123456789abcdefH3xyz");
+        assert!(q.push_copy(&[b"next"]));
+        assert_eq!(q.queued(), 4);
+        // A partial send: the rest is offered again.
+        let Sent::More(rest) = q.sent(10) else {
+            panic!("more to send")
+        };
+        assert_eq!(read_all(rest), b"23456789abcdefH3xyz");
+        assert_eq!(q.sent(19), Sent::Done);
+        assert_eq!(read_all(q.start().unwrap()), b"next");
+    }
+
+    #[test]
+    fn a_full_batch_refuses_without_queueing() {
+        let mut q = SendQueue::new(16, 8);
+        assert!(q.push_copy(&[&[1u8; 10]]));
+        assert!(!q.push_copy(&[&[2u8; 7]]));
+        assert!(!q.push_filled(&[0; 4], 3, |_| panic!("not called")));
+        assert_eq!(q.queued(), 10);
+        assert_eq!(q.room(), 6);
+        // Few iovecs left: no room either.
+        let mut q = SendQueue::new(1024, 3);
+        let data = [0u8; 4];
+        // SAFETY: `data` outlives `q`'s use here (nothing is sent).
+        assert!(unsafe { q.push_ref(b"h", data.as_ptr() as u64, 4) });
+        assert_eq!(q.room(), 0);
+    }
+}

@@ -1,0 +1,355 @@
+//! The target side: executing a peer's requests against this worker's
+//! registered memory, from this worker's own progress, and answering them.
+//!
+//! Every request is checked before a byte moves: the registration id must
+//! name a live registration, the secret must be its secret, and the whole
+//! range must lie inside it. A request that fails the checks is answered
+//! with its own status (a PUT's payload is read and dropped); the stream
+//! stays in sync. Answers go out in request order on the request's
+//! connection; successful PUTs and NOTIFYs share one cumulative ACK.
+
+use crate::send::SendQueue;
+use crate::stream::{Broken, Handler, Stop};
+use crate::wire::{HEADER_LEN, Header, LAST, Opcode};
+use ringfence::NotifyPool;
+use ringfence::peer_mem;
+use ringfence_ring::{AtomicOp, Status};
+
+/// A local registration as the target checks it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Reg {
+    pub(crate) base: u64,
+    pub(crate) len: u64,
+    pub(crate) secret: u64,
+}
+
+/// Registrations by id (the index).
+pub(crate) type Regs = [Option<Reg>];
+
+/// Checks `[addr, addr + len)` of registration `key` with `secret`.
+fn check(regs: &Regs, h: &Header) -> Result<(), Status> {
+    let reg = regs
+        .get(h.key as usize)
+        .and_then(Option::as_ref)
+        .ok_or(Status::InvalidRkey)?;
+    if reg.secret != h.secret {
+        return Err(Status::AccessDenied);
+    }
+    let end = h
+        .addr
+        .checked_add(u64::from(h.len))
+        .ok_or(Status::OutOfBounds)?;
+    if h.addr < reg.base || end > reg.base + reg.len {
+        return Err(Status::OutOfBounds);
+    }
+    Ok(())
+}
+
+/// A GET being answered in pieces, as send room allows.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct GetJob {
+    request: Header,
+    /// Bytes sent so far.
+    done: u32,
+}
+
+/// Where the current request's payload goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sink {
+    /// A checked registered range, from this address on.
+    Write(u64),
+    /// Read and dropped; the request fails with this status.
+    Drop(Status),
+    /// Collected for a notification.
+    Assemble,
+}
+
+/// One accepted connection's serving state.
+#[derive(Debug)]
+pub(crate) struct Serve {
+    /// The HELLO arrived and was answered.
+    pub(crate) greeted: bool,
+    sink: Sink,
+    /// The highest successful PUT/NOTIFY not yet acknowledged: (lane, seq).
+    ack: Option<(u8, u64)>,
+    get: Option<GetJob>,
+    /// A notification's payload, up to the pool's buffer size.
+    assembly: Vec<u8>,
+}
+
+impl Serve {
+    /// Serving state for a new connection; notifications of up to
+    /// `notify_size` bytes.
+    pub(crate) fn new(notify_size: usize) -> Serve {
+        Serve {
+            greeted: false,
+            sink: Sink::Drop(Status::InvalidArgument),
+            ack: None,
+            get: None,
+            assembly: Vec::with_capacity(notify_size),
+        }
+    }
+}
+
+/// Bytes of GET data per GET_DATA frame at most.
+const GET_PIECE: u32 = 256 << 10;
+
+/// The requests of one connection, handed to the stream reader.
+pub(crate) struct Requests<'a> {
+    pub(crate) serve: &'a mut Serve,
+    pub(crate) send: &'a mut SendQueue,
+    pub(crate) regs: &'a Regs,
+    pub(crate) notify: Option<&'a NotifyPool>,
+    /// This worker's instance (HELLO must name it).
+    pub(crate) instance: u64,
+}
+
+impl Requests<'_> {
+    /// Queues the pending cumulative ACK; `false` if there is no room.
+    pub(crate) fn flush_ack(&mut self) -> bool {
+        let Some((lane, seq)) = self.serve.ack else {
+            return true;
+        };
+        let ack = Header {
+            seq,
+            ..Header::new(Opcode::Ack, lane)
+        };
+        if !self.send.push_copy(&[&ack.encode()]) {
+            return false;
+        }
+        self.serve.ack = None;
+        true
+    }
+
+    /// Queues an answer to `h` (after the pending ACK); `false` if there is
+    /// no room (nothing queued).
+    fn answer(&mut self, answer: &Header) -> bool {
+        if self.send.room() < 2 * HEADER_LEN {
+            return false;
+        }
+        self.flush_ack() && self.send.push_copy(&[&answer.encode()])
+    }
+
+    /// Sends as much of the current GET as fits; `true` when it is done.
+    pub(crate) fn pump_get(&mut self) -> bool {
+        let Some(mut job) = self.serve.get else {
+            return true;
+        };
+        if !self.flush_ack() {
+            return false;
+        }
+        let r = job.request;
+        loop {
+            let left = r.len - job.done;
+            let room = self.send.room().saturating_sub(HEADER_LEN);
+            let n = left.min(GET_PIECE).min(room as u32);
+            if n == 0 && left > 0 {
+                self.serve.get = Some(job);
+                return false;
+            }
+            // The registration may have gone since the last piece.
+            let status = check(self.regs, &r);
+            let last = status.is_err() || n == left;
+            let piece = Header {
+                seq: r.seq,
+                len: if status.is_ok() { n } else { 0 },
+                arg: if last { LAST } else { 0 },
+                status: status.err().map_or(0, Status::as_raw),
+                ..Header::new(Opcode::GetData, r.lane)
+            };
+            let src = r.addr + u64::from(job.done);
+            let len = piece.len as usize;
+            let queued = self.send.push_filled(&piece.encode(), len, |dst| {
+                // SAFETY: `[src, src + len)` lies inside a live registration
+                // (checked just above, and nothing deregisters during this
+                // call: the engine lock is held); `dst` is `len` bytes of
+                // staging.
+                unsafe { peer_mem::copy(src, dst as u64, len) }
+            });
+            if !queued {
+                self.serve.get = Some(job);
+                return false;
+            }
+            job.done += piece.len;
+            if last {
+                self.serve.get = None;
+                return true;
+            }
+        }
+    }
+
+    /// Answers an ATOMIC.
+    fn atomic(&mut self, h: &Header) -> Result<(), Stop> {
+        if self.send.room() < 2 * HEADER_LEN {
+            return Err(Stop::Pause);
+        }
+        let result = AtomicOp::try_from(h.arg)
+            .map_err(|_| Status::InvalidSubop)
+            .and_then(|op| {
+                check(self.regs, h)?;
+                if h.addr % 8 != 0 {
+                    return Err(Status::Misaligned);
+                }
+                // SAFETY: 8 aligned bytes inside a live registration
+                // (checked); other accesses to the word are atomic by the
+                // registration's contract.
+                Ok(unsafe { peer_mem::atomic(h.addr, op, h.operand, h.operand2) })
+            });
+        let answer = Header {
+            seq: h.seq,
+            status: result.err().map_or(0, Status::as_raw),
+            operand: result.unwrap_or(0),
+            ..Header::new(Opcode::AtomicData, h.lane)
+        };
+        let queued = self.answer(&answer);
+        debug_assert!(queued, "room was checked");
+        Ok(())
+    }
+
+    /// Answers a PUT or NOTIFY that ended with `result`.
+    fn finish(&mut self, h: &Header, result: Result<(), Status>) -> Result<(), Stop> {
+        match result {
+            Ok(()) => {
+                self.serve.ack = Some((h.lane, h.seq));
+                Ok(())
+            }
+            Err(status) => {
+                let answer = Header {
+                    seq: h.seq,
+                    status: status.as_raw(),
+                    ..Header::new(Opcode::Ack, h.lane)
+                };
+                // Room for this answer was checked when the header came.
+                if self.answer(&answer) {
+                    Ok(())
+                } else {
+                    Err(Stop::Fail(Broken::Protocol("no room to answer")))
+                }
+            }
+        }
+    }
+}
+
+impl Handler for Requests<'_> {
+    fn header(&mut self, h: &Header) -> Result<(), Stop> {
+        if !h.opcode.is_request() {
+            return Err(Stop::Fail(Broken::Protocol(
+                "a response on a target's connection",
+            )));
+        }
+        if h.opcode == Opcode::Hello {
+            if self.serve.greeted {
+                return Err(Stop::Fail(Broken::Protocol("a second HELLO")));
+            }
+            let status = if h.operand != self.instance {
+                // The address named another worker (this one restarted on
+                // the same port, say).
+                Status::PeerUnreachable.as_raw()
+            } else if h.arg == 0 || h.lane >= h.arg {
+                Status::InvalidArgument.as_raw()
+            } else {
+                0
+            };
+            let ack = Header {
+                status,
+                operand: self.instance,
+                ..Header::new(Opcode::HelloAck, h.lane)
+            };
+            if !self.send.push_copy(&[&ack.encode()]) {
+                return Err(Stop::Pause);
+            }
+            self.serve.greeted = status == 0;
+            return Ok(());
+        }
+        if !self.serve.greeted {
+            return Err(Stop::Fail(Broken::Protocol("a request before HELLO")));
+        }
+        // Answers go out in order: a GET still being sent comes first, and
+        // every request needs room for its answer.
+        if !self.pump_get() || self.send.room() < 2 * HEADER_LEN {
+            return Err(Stop::Pause);
+        }
+        match h.opcode {
+            Opcode::Put => {
+                self.serve.sink = match check(self.regs, h) {
+                    Ok(()) => Sink::Write(h.addr),
+                    Err(status) => Sink::Drop(status),
+                };
+                Ok(())
+            }
+            Opcode::Notify => {
+                self.serve.assembly.clear();
+                self.serve.sink = match self.notify {
+                    Some(pool) if h.len <= pool.buffer_size() => Sink::Assemble,
+                    Some(_) => Sink::Drop(Status::InvalidLength),
+                    None => Sink::Drop(Status::Unsupported),
+                };
+                Ok(())
+            }
+            Opcode::Get => {
+                if let Err(status) = check(self.regs, h) {
+                    let answer = Header {
+                        seq: h.seq,
+                        arg: LAST,
+                        status: status.as_raw(),
+                        ..Header::new(Opcode::GetData, h.lane)
+                    };
+                    let queued = self.answer(&answer);
+                    debug_assert!(queued, "room was checked");
+                    return Ok(());
+                }
+                self.serve.get = Some(GetJob {
+                    request: *h,
+                    done: 0,
+                });
+                self.pump_get();
+                Ok(())
+            }
+            Opcode::Atomic => self.atomic(h),
+            _ => Err(Stop::Fail(Broken::Protocol("unexpected request"))),
+        }
+    }
+
+    fn payload(&mut self, _h: &Header, at: u32, bytes: &[u8]) -> Result<(), Stop> {
+        match self.serve.sink {
+            Sink::Write(addr) => {
+                // SAFETY: `[addr, addr + h.len)` was checked against a live
+                // registration when the header came, and nothing deregisters
+                // while this call runs (the engine lock is held); `at +
+                // bytes.len() <= h.len` (the reader's contract); the source
+                // is our receive buffer.
+                unsafe { peer_mem::copy(bytes.as_ptr() as u64, addr + u64::from(at), bytes.len()) }
+            }
+            Sink::Assemble => self.serve.assembly.extend_from_slice(bytes),
+            Sink::Drop(_) => {}
+        }
+        Ok(())
+    }
+
+    fn end(&mut self, h: &Header) -> Result<(), Stop> {
+        match h.opcode {
+            Opcode::Put => {
+                let result = match self.serve.sink {
+                    Sink::Write(_) => Ok(()),
+                    Sink::Drop(status) => Err(status),
+                    Sink::Assemble => Err(Status::InvalidArgument),
+                };
+                self.finish(h, result)
+            }
+            Opcode::Notify => {
+                let result = match (self.serve.sink, self.notify) {
+                    (Sink::Assemble, Some(pool)) => {
+                        let data = &self.serve.assembly;
+                        // SAFETY: `data` is our own buffer of `h.len` bytes
+                        // (at most the pool's buffer size, checked).
+                        unsafe { pool.deliver(data.as_ptr() as u64, data.len() as u32, h.operand) }
+                    }
+                    (Sink::Drop(status), _) => Err(status),
+                    _ => Err(Status::Unsupported),
+                };
+                self.finish(h, result)
+            }
+            _ => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,304 @@
+//! The driver's io_uring: submission, completion, the CQ eventfd, and the
+//! provided-buffer ring that multishot receives fill.
+//!
+//! Everything that hands the kernel a pointer is here or in
+//! [`send`](crate::send), and says why the memory outlives the request.
+
+use io_uring::{IoUring, cqueue, squeue, types};
+use memmap2::MmapMut;
+use nix::sys::eventfd::{EfdFlags, EventFd};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::sync::atomic::{AtomicU16, Ordering};
+
+/// What a completion belongs to: the top byte of its `user_data`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Tag {
+    /// The listener's multishot accept.
+    Accept = 1,
+    /// A lane's connect.
+    Connect = 2,
+    /// A connection's send.
+    Send = 3,
+    /// A connection's multishot receive.
+    Recv = 4,
+    /// A cancellation (its result is not needed).
+    Cancel = 5,
+}
+
+/// `user_data` for `tag` on connection `slot` of generation `generation`.
+pub(crate) fn user_data(tag: Tag, slot: u32, generation: u32) -> u64 {
+    (tag as u64) << 56 | u64::from(slot & 0x00ff_ffff) << 32 | u64::from(generation)
+}
+
+/// The parts of a `user_data`; `None` for a tag this driver never sets.
+pub(crate) fn parse_user_data(data: u64) -> Option<(Tag, u32, u32)> {
+    let tag = match (data >> 56) as u8 {
+        1 => Tag::Accept,
+        2 => Tag::Connect,
+        3 => Tag::Send,
+        4 => Tag::Recv,
+        5 => Tag::Cancel,
+        _ => return None,
+    };
+    Some((tag, (data >> 32) as u32 & 0x00ff_ffff, data as u32))
+}
+
+/// The buffer group of the provided-buffer ring.
+pub(crate) const BUF_GROUP: u16 = 0;
+
+/// Receive buffers the kernel picks from for multishot receives: `count`
+/// buffers of `size` bytes, and the ring that offers them to the kernel.
+struct BufRing {
+    /// `count` entries of 16 bytes; the kernel reads it, we write it.
+    ring: MmapMut,
+    /// The buffers, `count * size` bytes.
+    buffers: MmapMut,
+    count: u16,
+    size: u32,
+    /// Our copy of the ring's tail.
+    tail: u16,
+}
+
+impl BufRing {
+    fn new(count: u16, size: u32) -> io::Result<BufRing> {
+        assert!(
+            count.is_power_of_two(),
+            "buffer count must be a power of two"
+        );
+        let ring = MmapMut::map_anon(usize::from(count) * size_of::<types::BufRingEntry>())?;
+        let buffers = MmapMut::map_anon(usize::from(count) * size as usize)?;
+        let mut r = BufRing {
+            ring,
+            buffers,
+            count,
+            size,
+            tail: 0,
+        };
+        for bid in 0..count {
+            r.offer(bid);
+        }
+        r.publish();
+        Ok(r)
+    }
+
+    fn entries(&mut self) -> *mut types::BufRingEntry {
+        self.ring.as_mut_ptr().cast()
+    }
+
+    /// Puts buffer `bid` at the tail (not yet visible to the kernel).
+    fn offer(&mut self, bid: u16) {
+        let index = usize::from(self.tail & (self.count - 1));
+        let addr = self.buffers.as_ptr() as u64 + u64::from(bid) * u64::from(self.size);
+        // SAFETY: `index < count`: the entry lies inside the ring mapping,
+        // which is 16-byte aligned (page aligned). The kernel reads entries
+        // only between its head and the published tail, and this one is past
+        // the published tail until `publish`.
+        let entry = unsafe { &mut *self.entries().add(index) };
+        entry.set_addr(addr);
+        entry.set_len(self.size);
+        entry.set_bid(bid);
+        self.tail = self.tail.wrapping_add(1);
+    }
+
+    /// Makes every offered buffer visible to the kernel.
+    fn publish(&mut self) {
+        // SAFETY: the tail field overlays the reserved field of entry 0,
+        // inside the mapping, 2-byte aligned; the kernel reads it
+        // concurrently, so it is written atomically (Release: the entries
+        // written before are visible first).
+        let tail = unsafe { &*types::BufRingEntry::tail(self.entries()).cast::<AtomicU16>() };
+        tail.store(self.tail, Ordering::Release);
+    }
+
+    /// Buffer `bid`'s first `len` bytes.
+    fn get(&self, bid: u16, len: usize) -> Option<&[u8]> {
+        if bid >= self.count || len > self.size as usize {
+            return None;
+        }
+        let start = usize::from(bid) * self.size as usize;
+        self.buffers.get(start..start + len)
+    }
+}
+
+/// The ring, its eventfd and its receive buffers.
+pub(crate) struct Uring {
+    // Dropped first: the kernel lets go of the buffers before they are
+    // unmapped (and the driver's `Drop` waits for requests in flight).
+    ring: IoUring,
+    bufs: BufRing,
+    eventfd: EventFd,
+    /// The eventfd may have been written since it was last read.
+    signaled: bool,
+}
+
+impl std::fmt::Debug for Uring {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Uring")
+            .field("entries", &self.ring.params().sq_entries())
+            .field("buffers", &self.bufs.count)
+            .field("buffer_size", &self.bufs.size)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Uring {
+    /// A ring of `entries` SQEs (completions up to 4×) with `buffers`
+    /// receive buffers of `buffer_size` bytes.
+    pub(crate) fn new(entries: u32, buffers: u16, buffer_size: u32) -> io::Result<Uring> {
+        let ring = IoUring::builder()
+            .setup_cqsize(entries * 4)
+            .setup_submit_all()
+            .build(entries)?;
+        let bufs = BufRing::new(buffers, buffer_size)?;
+        // SAFETY: the ring memory is `count` entries, page aligned, and
+        // lives as long as `bufs`, which outlives `ring` (field order, and
+        // the driver waits for every request before dropping either).
+        unsafe {
+            ring.submitter().register_buf_ring_with_flags(
+                bufs.ring.as_ptr() as u64,
+                bufs.count,
+                BUF_GROUP,
+                0,
+            )?;
+        }
+        let eventfd =
+            EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
+                .map_err(io::Error::from)?;
+        ring.submitter()
+            .register_eventfd(eventfd.as_fd().as_raw_fd())?;
+        Ok(Uring {
+            ring,
+            bufs,
+            eventfd,
+            signaled: true,
+        })
+    }
+
+    /// The CQ eventfd: readable once a completion was posted since the
+    /// last idle [`next`](Uring::next).
+    pub(crate) fn eventfd(&self) -> BorrowedFd<'_> {
+        self.eventfd.as_fd()
+    }
+
+    /// Queues `entry`; submits first if the SQ is full.
+    ///
+    /// # Safety
+    /// Every buffer, address and iovec the entry names stays valid until
+    /// its completion (its last one, for multishot requests) is taken.
+    pub(crate) unsafe fn push(&mut self, entry: &squeue::Entry) -> io::Result<()> {
+        loop {
+            // SAFETY: the caller's contract.
+            if unsafe { self.ring.submission().push(entry) }.is_ok() {
+                return Ok(());
+            }
+            self.ring.submit()?;
+        }
+    }
+
+    /// Submits what is queued: one `io_uring_enter`, none if nothing is.
+    pub(crate) fn submit(&mut self) -> io::Result<()> {
+        if self.ring.submission().is_empty() {
+            return Ok(());
+        }
+        match self.ring.submit() {
+            Ok(_) => Ok(()),
+            // The kernel is short of memory for completions or is busy:
+            // what was not taken stays queued for the next round.
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc_errno::EAGAIN | libc_errno::EBUSY)
+                ) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Submits and waits for at least one completion (teardown only).
+    pub(crate) fn submit_and_wait(&mut self) -> io::Result<()> {
+        self.ring.submit_and_wait(1).map(drop)
+    }
+
+    /// The next completion, if any. When there is none, the eventfd is
+    /// re-armed for a sleeper first: read if it may have been written,
+    /// then the queue checked again (a completion posted in between has
+    /// written it or is taken here).
+    pub(crate) fn next(&mut self) -> Option<cqueue::Entry> {
+        let mut cq = self.ring.completion();
+        if let Some(cqe) = cq.next() {
+            self.signaled = true;
+            return Some(cqe);
+        }
+        if !self.signaled {
+            return None;
+        }
+        drop(cq);
+        self.signaled = false;
+        // Nothing pending: clear the eventfd so a sleeper sleeps. A write
+        // after this read stays until the next idle call.
+        let _ = self.eventfd.read();
+        let mut cq = self.ring.completion();
+        let cqe = cq.next();
+        if cqe.is_some() {
+            self.signaled = true;
+        }
+        cqe
+    }
+
+    /// Receive buffer `bid`'s first `len` bytes (what a receive completion
+    /// said it wrote).
+    pub(crate) fn buffer(&self, bid: u16, len: usize) -> Option<&[u8]> {
+        self.bufs.get(bid, len)
+    }
+
+    /// Gives receive buffers back to the kernel.
+    pub(crate) fn recycle(&mut self, bids: impl IntoIterator<Item = u16>) {
+        let mut any = false;
+        for bid in bids {
+            if bid < self.bufs.count {
+                self.bufs.offer(bid);
+                any = true;
+            }
+        }
+        if any {
+            self.bufs.publish();
+        }
+    }
+
+    /// Receive buffers.
+    pub(crate) fn buffer_count(&self) -> u16 {
+        self.bufs.count
+    }
+}
+
+/// The errno values the driver tells apart.
+pub(crate) mod libc_errno {
+    pub(crate) use nix::libc::{EAGAIN, EBUSY, ECANCELED, ENOBUFS};
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn user_data_round_trips() {
+        for (tag, slot, generation) in [
+            (Tag::Accept, 0, 0),
+            (Tag::Send, 0x00ff_ffff, u32::MAX),
+            (Tag::Recv, 12, 7),
+            (Tag::Cancel, 1, 1),
+            (Tag::Connect, 99, 3),
+        ] {
+            assert_eq!(
+                parse_user_data(user_data(tag, slot, generation)),
+                Some((tag, slot, generation))
+            );
+        }
+        assert_eq!(parse_user_data(0), None);
+        assert_eq!(parse_user_data(u64::MAX), None);
+    }
+}

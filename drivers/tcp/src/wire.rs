@@ -1,0 +1,804 @@
+//! The wire protocol: fixed-size frame headers on each lane's TCP stream,
+//! the driver's part of a worker address, and its remote-key blob.
+//!
+//! Every frame starts with a 56-byte header; PUT, NOTIFY and GET_DATA
+//! frames carry `len` payload bytes right after it. All integers are
+//! little-endian. Frames come from the network and are untrusted:
+//! [`Header::decode`] checks the version, the opcode, the length against
+//! the receiver's limit and every field the opcode leaves unused (zero), and
+//! refuses anything else with a [`FrameError`], after which the stream
+//! cannot be resynchronized and the connection is closed.
+//!
+//! | offset | field | |
+//! |---|---|---|
+//! | 0 | `u8` version | [`VERSION`] |
+//! | 1 | `u8` opcode | [`Opcode`] |
+//! | 2 | `u8` lane | the lane index, `< 64` |
+//! | 3 | `u8` arg | the atomic sub-operation; the lane count in HELLO |
+//! | 4 | `u32` len | payload bytes, or bytes asked for (GET), 8 (ATOMIC) |
+//! | 8 | `u64` seq | the request's sequence number on its lane, echoed by its response |
+//! | 16 | `u32` key | the target's registration id (requests) |
+//! | 20 | `i32` status | 0, or a negative [`Status`] (responses) |
+//! | 24 | `u64` secret | the registration's secret (requests) |
+//! | 32 | `u64` addr | the target's virtual address (requests) |
+//! | 40 | `u64` operand | atomic operand; NOTIFY tag; fetched old value (ATOMIC_DATA) |
+//! | 48 | `u64` operand2 | CSWAP's swap value |
+//!
+//! Requests go from the initiator to the target on the lane's connection;
+//! the target answers each one, in order, on the same connection:
+//!
+//! | request | response |
+//! |---|---|
+//! | HELLO (first frame of a connection) | HELLO_ACK |
+//! | PUT, NOTIFY | ACK (one ACK may answer every successful request up to its `seq`) |
+//! | GET | GET_DATA, one or more frames; the last has `arg` = [`LAST`] |
+//! | ATOMIC | ATOMIC_DATA |
+#![deny(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use ringfence_ring::{AtomicOp, Status};
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+/// The protocol version this build speaks.
+pub const VERSION: u8 = 1;
+/// Bytes in a frame header.
+pub const HEADER_LEN: usize = 56;
+/// `arg` of the last GET_DATA frame of a response.
+pub const LAST: u8 = 1;
+
+/// What a frame is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Opcode {
+    /// First frame of a connection: `lane`, `arg` = lane count, `seq` =
+    /// the initiator's instance, `addr` = its connection group, `operand`
+    /// = the instance of the worker it means to reach.
+    Hello = 1,
+    /// The answer to HELLO: `status`, `operand` = the target's instance.
+    HelloAck = 2,
+    /// Write the payload at `addr`.
+    Put = 3,
+    /// Read `len` bytes at `addr`.
+    Get = 4,
+    /// `arg` (an [`AtomicOp`]) on the 8 bytes at `addr`.
+    Atomic = 5,
+    /// Deliver the payload to a notification buffer, tag `operand`.
+    Notify = 6,
+    /// Every PUT and NOTIFY up to `seq` not answered otherwise succeeded
+    /// (`status` 0), or the one at `seq` failed (`status` < 0).
+    Ack = 7,
+    /// Part of a GET's data (`len` bytes follow), or its failure.
+    GetData = 8,
+    /// An atomic's result: `status`, `operand` = the old value.
+    AtomicData = 9,
+}
+
+impl Opcode {
+    fn from_raw(raw: u8) -> Option<Opcode> {
+        Some(match raw {
+            1 => Opcode::Hello,
+            2 => Opcode::HelloAck,
+            3 => Opcode::Put,
+            4 => Opcode::Get,
+            5 => Opcode::Atomic,
+            6 => Opcode::Notify,
+            7 => Opcode::Ack,
+            8 => Opcode::GetData,
+            9 => Opcode::AtomicData,
+            _ => return None,
+        })
+    }
+
+    /// Whether a payload of `len` bytes follows the header.
+    pub fn has_payload(self) -> bool {
+        matches!(self, Opcode::Put | Opcode::Notify | Opcode::GetData)
+    }
+
+    /// Whether the frame goes from the initiator to the target.
+    pub fn is_request(self) -> bool {
+        matches!(
+            self,
+            Opcode::Hello | Opcode::Put | Opcode::Get | Opcode::Atomic | Opcode::Notify
+        )
+    }
+}
+
+/// A frame that cannot be taken: the stream is not in sync any more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FrameError {
+    /// A version this build does not speak.
+    Version(u8),
+    /// An unknown opcode.
+    Opcode(u8),
+    /// A length beyond the receiver's limit, or wrong for the opcode.
+    Length {
+        /// The opcode.
+        opcode: Opcode,
+        /// The length the frame claims.
+        len: u32,
+    },
+    /// A lane index of 64 or more.
+    Lane(u8),
+    /// A field the opcode leaves unused is not zero.
+    Reserved {
+        /// The opcode.
+        opcode: Opcode,
+        /// The offending field.
+        field: &'static str,
+    },
+    /// The stream ended inside a frame.
+    Truncated,
+}
+
+impl fmt::Display for FrameError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FrameError::Version(v) => {
+                write!(f, "protocol version {v} (this build speaks {VERSION})")
+            }
+            FrameError::Opcode(o) => write!(f, "unknown opcode {o}"),
+            FrameError::Length { opcode, len } => write!(f, "{opcode:?} frame of {len} bytes"),
+            FrameError::Lane(l) => write!(f, "lane {l} out of range"),
+            FrameError::Reserved { opcode, field } => {
+                write!(f, "{opcode:?} frame with non-zero {field}")
+            }
+            FrameError::Truncated => write!(f, "stream ended inside a frame"),
+        }
+    }
+}
+
+impl std::error::Error for FrameError {}
+
+/// A decoded frame header. Fields an opcode does not use are zero.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    /// What the frame is.
+    pub opcode: Opcode,
+    /// The lane it belongs to.
+    pub lane: u8,
+    /// Atomic sub-operation, HELLO's lane count, GET_DATA's [`LAST`].
+    pub arg: u8,
+    /// Payload bytes, or bytes asked for.
+    pub len: u32,
+    /// Sequence number on the lane.
+    pub seq: u64,
+    /// The target's registration id.
+    pub key: u32,
+    /// 0, or a negative status.
+    pub status: i32,
+    /// The registration's secret.
+    pub secret: u64,
+    /// The target address.
+    pub addr: u64,
+    /// First operand.
+    pub operand: u64,
+    /// Second operand.
+    pub operand2: u64,
+}
+
+/// Reads a little-endian integer of `N` bytes at `at` (inside the header,
+/// by construction of the callers' constant offsets).
+fn le<const N: usize>(b: &[u8; HEADER_LEN], at: usize) -> [u8; N] {
+    let mut out = [0u8; N];
+    if let Some(src) = b.get(at..at + N) {
+        out.copy_from_slice(src);
+    }
+    out
+}
+
+impl Header {
+    /// A header with only `opcode` and `lane` set.
+    pub const fn new(opcode: Opcode, lane: u8) -> Header {
+        Header {
+            opcode,
+            lane,
+            arg: 0,
+            len: 0,
+            seq: 0,
+            key: 0,
+            status: 0,
+            secret: 0,
+            addr: 0,
+            operand: 0,
+            operand2: 0,
+        }
+    }
+
+    /// The header's bytes.
+    pub fn encode(&self) -> [u8; HEADER_LEN] {
+        let mut b = [0u8; HEADER_LEN];
+        let fields: [(usize, &[u8]); 11] = [
+            (0, &[VERSION]),
+            (1, &[self.opcode as u8]),
+            (2, &[self.lane]),
+            (3, &[self.arg]),
+            (4, &self.len.to_le_bytes()),
+            (8, &self.seq.to_le_bytes()),
+            (16, &self.key.to_le_bytes()),
+            (20, &self.status.to_le_bytes()),
+            (24, &self.secret.to_le_bytes()),
+            (32, &self.addr.to_le_bytes()),
+            (40, &self.operand.to_le_bytes()),
+        ];
+        for (at, bytes) in fields {
+            if let Some(dst) = b.get_mut(at..at + bytes.len()) {
+                dst.copy_from_slice(bytes);
+            }
+        }
+        if let Some(dst) = b.get_mut(48..56) {
+            dst.copy_from_slice(&self.operand2.to_le_bytes());
+        }
+        b
+    }
+
+    /// Decodes and checks a header; `max_len` is the largest payload or GET
+    /// this receiver takes.
+    ///
+    /// # Errors
+    /// The frame is malformed (see [`FrameError`]).
+    pub fn decode(b: &[u8; HEADER_LEN], max_len: u32) -> Result<Header, FrameError> {
+        let [version, opcode, lane, arg] = le::<4>(b, 0);
+        if version != VERSION {
+            return Err(FrameError::Version(version));
+        }
+        let opcode = Opcode::from_raw(opcode).ok_or(FrameError::Opcode(opcode))?;
+        let h = Header {
+            opcode,
+            lane,
+            arg,
+            len: u32::from_le_bytes(le(b, 4)),
+            seq: u64::from_le_bytes(le(b, 8)),
+            key: u32::from_le_bytes(le(b, 16)),
+            status: i32::from_le_bytes(le(b, 20)),
+            secret: u64::from_le_bytes(le(b, 24)),
+            addr: u64::from_le_bytes(le(b, 32)),
+            operand: u64::from_le_bytes(le(b, 40)),
+            operand2: u64::from_le_bytes(le(b, 48)),
+        };
+        if lane >= ringfence::MAX_LANES {
+            return Err(FrameError::Lane(lane));
+        }
+        h.check(max_len)?;
+        Ok(h)
+    }
+
+    /// The per-opcode checks: lengths, and zero in every unused field.
+    fn check(&self, max_len: u32) -> Result<(), FrameError> {
+        let zero = |field: &'static str, value: u64| {
+            if value == 0 {
+                Ok(())
+            } else {
+                Err(FrameError::Reserved {
+                    opcode: self.opcode,
+                    field,
+                })
+            }
+        };
+        let length = |ok: bool| {
+            if ok {
+                Ok(())
+            } else {
+                Err(FrameError::Length {
+                    opcode: self.opcode,
+                    len: self.len,
+                })
+            }
+        };
+        let status = u64::from(self.status as u32);
+        match self.opcode {
+            Opcode::Hello => {
+                length(self.len == 0)?;
+                zero("key", u64::from(self.key))?;
+                zero("status", status)?;
+                zero("secret", self.secret)?;
+                zero("operand2", self.operand2)
+            }
+            Opcode::HelloAck => {
+                length(self.len == 0)?;
+                zero("arg", u64::from(self.arg))?;
+                zero("key", u64::from(self.key))?;
+                zero("secret", self.secret)?;
+                zero("addr", self.addr)?;
+                zero("operand2", self.operand2)?;
+                self.status_not_positive()
+            }
+            Opcode::Put | Opcode::Get => {
+                length(self.len <= max_len)?;
+                zero("arg", u64::from(self.arg))?;
+                zero("status", status)?;
+                zero("operand", self.operand)?;
+                zero("operand2", self.operand2)
+            }
+            Opcode::Atomic => {
+                length(self.len == 8)?;
+                zero("status", status)?;
+                // The sub-operation is checked by the target, which answers
+                // an unknown one with its own status (the frame is sound).
+                if AtomicOp::try_from(self.arg).is_ok_and(|op| op != AtomicOp::CSWAP) {
+                    zero("operand2", self.operand2)?;
+                }
+                Ok(())
+            }
+            Opcode::Notify => {
+                length(self.len <= max_len)?;
+                zero("arg", u64::from(self.arg))?;
+                zero("key", u64::from(self.key))?;
+                zero("status", status)?;
+                zero("secret", self.secret)?;
+                zero("addr", self.addr)?;
+                zero("operand2", self.operand2)
+            }
+            Opcode::Ack => {
+                length(self.len == 0)?;
+                zero("arg", u64::from(self.arg))?;
+                self.response_fields()
+            }
+            Opcode::GetData => {
+                length(self.len <= max_len && (self.status == 0 || self.len == 0))?;
+                if self.arg > LAST {
+                    return Err(FrameError::Reserved {
+                        opcode: self.opcode,
+                        field: "arg",
+                    });
+                }
+                self.response_fields()
+            }
+            Opcode::AtomicData => {
+                length(self.len == 0)?;
+                zero("arg", u64::from(self.arg))?;
+                zero("key", u64::from(self.key))?;
+                zero("secret", self.secret)?;
+                zero("addr", self.addr)?;
+                zero("operand2", self.operand2)?;
+                self.status_not_positive()
+            }
+        }
+    }
+
+    /// A response's status: 0 or a negative status.
+    fn status_not_positive(&self) -> Result<(), FrameError> {
+        if self.status > 0 {
+            return Err(FrameError::Reserved {
+                opcode: self.opcode,
+                field: "status",
+            });
+        }
+        Ok(())
+    }
+
+    /// ACK and GET_DATA: a status of 0 or below, and no request fields.
+    fn response_fields(&self) -> Result<(), FrameError> {
+        let reserved = |field| {
+            Err(FrameError::Reserved {
+                opcode: self.opcode,
+                field,
+            })
+        };
+        self.status_not_positive()?;
+        if self.key != 0 {
+            return reserved("key");
+        }
+        if self.secret != 0 {
+            return reserved("secret");
+        }
+        if self.addr != 0 {
+            return reserved("addr");
+        }
+        if self.operand != 0 {
+            return reserved("operand");
+        }
+        if self.operand2 != 0 {
+            return reserved("operand2");
+        }
+        Ok(())
+    }
+
+    /// A response's status as a result; an unknown status reads as a
+    /// transport error.
+    pub fn result(&self) -> Result<(), Status> {
+        if self.status == 0 {
+            Ok(())
+        } else {
+            Err(Status::try_from(self.status).unwrap_or(Status::Transport))
+        }
+    }
+}
+
+/// Encodes a failure as a response status.
+pub fn status_code(status: Status) -> i32 {
+    status.as_raw()
+}
+
+const ADDRESS_MAGIC: &[u8; 4] = b"RFT1";
+
+/// The tcp driver's part of a worker address: where it listens, and the
+/// random instance that names this worker (a connection that reaches
+/// another worker on the same address is refused).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Address {
+    /// The listening socket's address.
+    pub socket: SocketAddr,
+    /// This worker's instance.
+    pub instance: u64,
+}
+
+impl Address {
+    /// `"RFT1"`, family (4 or 6), port, instance, then 4 or 16 address
+    /// bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(31);
+        out.extend_from_slice(ADDRESS_MAGIC);
+        match self.socket.ip() {
+            IpAddr::V4(ip) => {
+                out.push(4);
+                out.extend_from_slice(&self.socket.port().to_le_bytes());
+                out.extend_from_slice(&self.instance.to_le_bytes());
+                out.extend_from_slice(&ip.octets());
+            }
+            IpAddr::V6(ip) => {
+                out.push(6);
+                out.extend_from_slice(&self.socket.port().to_le_bytes());
+                out.extend_from_slice(&self.instance.to_le_bytes());
+                out.extend_from_slice(&ip.octets());
+            }
+        }
+        out
+    }
+
+    /// Decodes a peer's address part; `None` if malformed (wrong magic,
+    /// family or length, port 0, an unspecified address).
+    pub fn decode(b: &[u8]) -> Option<Address> {
+        let rest = b.strip_prefix(ADDRESS_MAGIC)?;
+        let (&family, rest) = rest.split_first()?;
+        let port = u16::from_le_bytes(rest.get(0..2)?.try_into().ok()?);
+        let instance = u64::from_le_bytes(rest.get(2..10)?.try_into().ok()?);
+        let ip = rest.get(10..)?;
+        let ip = match family {
+            4 => IpAddr::V4(Ipv4Addr::from(<[u8; 4]>::try_from(ip).ok()?)),
+            6 => IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(ip).ok()?)),
+            _ => return None,
+        };
+        if port == 0 || ip.is_unspecified() {
+            return None;
+        }
+        Some(Address {
+            socket: SocketAddr::new(ip, port),
+            instance,
+        })
+    }
+}
+
+const KEY_MAGIC: &[u8; 4] = b"RFTK";
+/// Bytes in a remote-key blob.
+pub const KEY_LEN: usize = 40;
+
+/// A registration as a peer sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyBlob {
+    /// The target worker's instance.
+    pub instance: u64,
+    /// The registration id.
+    pub key: u32,
+    /// Its secret.
+    pub secret: u64,
+    /// Its start address in the target.
+    pub base: u64,
+    /// Its length.
+    pub len: u64,
+}
+
+impl KeyBlob {
+    /// `"RFTK"`, key, instance, secret, base, len.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(KEY_LEN);
+        out.extend_from_slice(KEY_MAGIC);
+        out.extend_from_slice(&self.key.to_le_bytes());
+        out.extend_from_slice(&self.instance.to_le_bytes());
+        out.extend_from_slice(&self.secret.to_le_bytes());
+        out.extend_from_slice(&self.base.to_le_bytes());
+        out.extend_from_slice(&self.len.to_le_bytes());
+        out
+    }
+
+    /// Decodes a blob of exactly [`KEY_LEN`] bytes whose range does not
+    /// wrap; `None` otherwise.
+    pub fn decode(b: &[u8]) -> Option<KeyBlob> {
+        if b.len() != KEY_LEN {
+            return None;
+        }
+        let rest = b.strip_prefix(KEY_MAGIC)?;
+        let u64_at = |at: usize| Some(u64::from_le_bytes(rest.get(at..at + 8)?.try_into().ok()?));
+        let key = KeyBlob {
+            key: u32::from_le_bytes(rest.get(0..4)?.try_into().ok()?),
+            instance: u64_at(4)?,
+            secret: u64_at(12)?,
+            base: u64_at(20)?,
+            len: u64_at(28)?,
+        };
+        key.base.checked_add(key.len)?;
+        Some(key)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic)]
+mod tests {
+    use super::*;
+
+    const MAX: u32 = 1 << 20;
+
+    fn put() -> Header {
+        Header {
+            len: 64,
+            seq: 7,
+            key: 3,
+            secret: 0xfeed,
+            addr: 0x1000,
+            ..Header::new(Opcode::Put, 2)
+        }
+    }
+
+    #[test]
+    fn every_opcode_round_trips() {
+        let frames = [
+            Header {
+                arg: 4,
+                seq: 9,
+                addr: 1,
+                operand: 5,
+                ..Header::new(Opcode::Hello, 3)
+            },
+            Header {
+                operand: 5,
+                status: Status::AccessDenied.as_raw(),
+                ..Header::new(Opcode::HelloAck, 3)
+            },
+            put(),
+            Header {
+                opcode: Opcode::Get,
+                ..put()
+            },
+            Header {
+                opcode: Opcode::Atomic,
+                arg: AtomicOp::CSWAP.as_raw(),
+                len: 8,
+                operand: 1,
+                operand2: 2,
+                ..put()
+            },
+            Header {
+                len: 12,
+                operand: 77,
+                ..Header::new(Opcode::Notify, 0)
+            },
+            Header {
+                seq: 10,
+                ..Header::new(Opcode::Ack, 1)
+            },
+            Header {
+                seq: 10,
+                len: 100,
+                arg: LAST,
+                ..Header::new(Opcode::GetData, 1)
+            },
+            Header {
+                seq: 10,
+                operand: u64::MAX,
+                ..Header::new(Opcode::AtomicData, 1)
+            },
+        ];
+        for h in frames {
+            assert_eq!(Header::decode(&h.encode(), MAX), Ok(h));
+        }
+    }
+
+    #[test]
+    fn wrong_version_is_refused() {
+        let mut b = put().encode();
+        b[0] = 2;
+        assert_eq!(Header::decode(&b, MAX), Err(FrameError::Version(2)));
+    }
+
+    #[test]
+    fn unknown_opcodes_are_refused() {
+        for raw in [0u8, 10, 0x80, 0xff] {
+            let mut b = put().encode();
+            b[1] = raw;
+            assert_eq!(Header::decode(&b, MAX), Err(FrameError::Opcode(raw)));
+        }
+    }
+
+    #[test]
+    fn lanes_beyond_64_are_refused() {
+        let mut b = put().encode();
+        b[2] = 64;
+        assert_eq!(Header::decode(&b, MAX), Err(FrameError::Lane(64)));
+    }
+
+    #[test]
+    fn oversized_frames_are_refused() {
+        for opcode in [Opcode::Put, Opcode::Get, Opcode::Notify] {
+            let mut h = Header {
+                opcode,
+                len: MAX + 1,
+                ..put()
+            };
+            if opcode == Opcode::Notify {
+                h = Header {
+                    len: MAX + 1,
+                    ..Header::new(Opcode::Notify, 0)
+                };
+            }
+            assert_eq!(
+                Header::decode(&h.encode(), MAX),
+                Err(FrameError::Length {
+                    opcode,
+                    len: MAX + 1
+                })
+            );
+        }
+        let data = Header {
+            len: MAX + 1,
+            ..Header::new(Opcode::GetData, 0)
+        };
+        assert!(matches!(
+            Header::decode(&data.encode(), MAX),
+            Err(FrameError::Length { .. })
+        ));
+    }
+
+    #[test]
+    fn wrong_fixed_lengths_are_refused() {
+        for (opcode, len) in [
+            (Opcode::Hello, 1),
+            (Opcode::HelloAck, 8),
+            (Opcode::Atomic, 4),
+            (Opcode::Atomic, 16),
+            (Opcode::Ack, 1),
+            (Opcode::AtomicData, 8),
+        ] {
+            let h = Header {
+                len,
+                ..Header::new(opcode, 0)
+            };
+            assert_eq!(
+                Header::decode(&h.encode(), MAX),
+                Err(FrameError::Length { opcode, len }),
+                "{opcode:?}"
+            );
+        }
+        // A failed GET_DATA carries no data.
+        let h = Header {
+            len: 4,
+            status: Status::OutOfBounds.as_raw(),
+            ..Header::new(Opcode::GetData, 0)
+        };
+        assert!(matches!(
+            Header::decode(&h.encode(), MAX),
+            Err(FrameError::Length { .. })
+        ));
+    }
+
+    #[test]
+    fn non_zero_reserved_fields_are_refused() {
+        // Byte offsets of fields each opcode leaves unused.
+        let unused: [(Opcode, &[usize]); 9] = [
+            (Opcode::Hello, &[16, 20, 24, 48]),
+            (Opcode::HelloAck, &[3, 16, 24, 32, 48]),
+            (Opcode::Put, &[3, 20, 40, 48]),
+            (Opcode::Get, &[3, 20, 40, 48]),
+            (Opcode::Atomic, &[20, 48]),
+            (Opcode::Notify, &[3, 16, 20, 24, 32, 48]),
+            (Opcode::Ack, &[3, 16, 24, 32, 40, 48]),
+            (Opcode::GetData, &[16, 24, 32, 40, 48]),
+            (Opcode::AtomicData, &[3, 16, 24, 32, 48]),
+        ];
+        for (opcode, offsets) in unused {
+            let len = match opcode {
+                Opcode::Atomic => 8,
+                _ => 0,
+            };
+            let base = Header {
+                len,
+                ..Header::new(opcode, 0)
+            };
+            assert!(Header::decode(&base.encode(), MAX).is_ok(), "{opcode:?}");
+            for &at in offsets {
+                let mut b = base.encode();
+                // The high byte of the field: a positive status, for the
+                // status field (0x01 in its low byte would be too).
+                b[at] = 1;
+                let decoded = Header::decode(&b, MAX);
+                assert!(
+                    matches!(decoded, Err(FrameError::Reserved { .. })),
+                    "{opcode:?} byte {at}: {decoded:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn unknown_atomic_sub_operations_pass_the_frame_check() {
+        // The target answers them with InvalidSubop; the stream stays sound.
+        let h = Header {
+            opcode: Opcode::Atomic,
+            arg: 200,
+            len: 8,
+            ..put()
+        };
+        assert_eq!(Header::decode(&h.encode(), MAX), Ok(h));
+    }
+
+    #[test]
+    fn response_statuses_map_to_statuses() {
+        let h = Header {
+            status: Status::OutOfBounds.as_raw(),
+            ..Header::new(Opcode::Ack, 0)
+        };
+        assert_eq!(h.result(), Err(Status::OutOfBounds));
+        let unknown = Header { status: -1000, ..h };
+        assert_eq!(unknown.result(), Err(Status::Transport));
+    }
+
+    #[test]
+    fn addresses_round_trip_and_refuse_garbage() {
+        for socket in ["127.0.0.1:4000", "[::1]:4000", "[fd00::2]:65535"] {
+            let a = Address {
+                socket: socket.parse().unwrap(),
+                instance: 0x1234_5678_9abc_def0,
+            };
+            assert_eq!(Address::decode(&a.encode()), Some(a));
+        }
+        let good = Address {
+            socket: "10.0.0.1:1".parse().unwrap(),
+            instance: 1,
+        }
+        .encode();
+        assert_eq!(Address::decode(&good[..good.len() - 1]), None);
+        let mut longer = good.clone();
+        longer.push(0);
+        assert_eq!(Address::decode(&longer), None);
+        let mut family = good.clone();
+        family[4] = 5;
+        assert_eq!(Address::decode(&family), None);
+        let mut magic = good.clone();
+        magic[0] = b'X';
+        assert_eq!(Address::decode(&magic), None);
+        for socket in ["0.0.0.0:1", "10.0.0.1:0", "[::]:5"] {
+            let a = Address {
+                socket: socket.parse().unwrap(),
+                instance: 1,
+            };
+            assert_eq!(Address::decode(&a.encode()), None, "{socket}");
+        }
+    }
+
+    #[test]
+    fn key_blobs_round_trip_and_refuse_garbage() {
+        let k = KeyBlob {
+            instance: 1,
+            key: 2,
+            secret: 3,
+            base: 0x7f00_0000,
+            len: 4096,
+        };
+        let b = k.encode();
+        assert_eq!(b.len(), KEY_LEN);
+        assert_eq!(KeyBlob::decode(&b), Some(k));
+        assert_eq!(KeyBlob::decode(&b[..KEY_LEN - 1]), None);
+        let mut trailing = b.clone();
+        trailing.push(0);
+        assert_eq!(KeyBlob::decode(&trailing), None);
+        let wraps = KeyBlob {
+            base: u64::MAX - 10,
+            len: 11,
+            ..k
+        };
+        assert_eq!(KeyBlob::decode(&wraps.encode()), None);
+    }
+}
