@@ -10,6 +10,8 @@ fn worker() -> Worker {
     Worker::builder()
         .driver(Tcp::builder().ignore_env().build().unwrap())
         .notify_buffers(8, 256)
+        .ring_entries(1024, 4096)
+        .requests(4096)
         .ignore_env()
         .build()
         .unwrap()
@@ -119,4 +121,446 @@ fn put_get_atomic_notify() {
     };
     assert_eq!(cqe.user_data, 66, "the tag");
     assert_eq!(&*tq.notification(&cqe).unwrap(), b"hello");
+}
+
+/// Data of `len` bytes, different for each `seed`.
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    (0..len)
+        .map(|i| {
+            (i as u64)
+                .wrapping_mul(31)
+                .wrapping_add(seed.wrapping_mul(7)) as u8
+        })
+        .collect()
+}
+
+#[test]
+fn put_and_get_from_1_byte_to_64_mib_on_1_and_4_lanes() {
+    const MAX: usize = 64 << 20;
+    for lanes in [1, 4] {
+        let p = pair(MAX, lanes);
+        let src = p.initiator.alloc_registered(MAX).unwrap();
+        let back = p.initiator.alloc_registered(MAX).unwrap();
+        let mut qp = p.initiator.create_queue().unwrap();
+        let ep = p.ep.as_raw();
+        let remote = RemoteBuf {
+            rkey: p.rkey.as_raw(),
+            addr: p.window.addr(),
+        };
+        let sizes = [
+            1,
+            3,
+            8,
+            100,
+            4095,
+            4096,
+            4097,
+            65_536,
+            65_537,
+            1 << 20,
+            (3 << 20) + 5,
+            MAX,
+        ];
+        for (seed, len) in sizes.into_iter().enumerate() {
+            let data = pattern(len, seed as u64 + u64::from(lanes) * 100);
+            src.write(0, &data);
+            let sqes = [
+                Sqe::put(ep, src.local(0), remote, len as u32).with_user_data(1),
+                Sqe::fence(ep, FenceMode::STRONG).with_user_data(2),
+                Sqe::get(ep, back.local(0), remote, len as u32).with_user_data(3),
+            ];
+            let cqes = run(&p.initiator, &p.target, &mut qp, &sqes, 3);
+            for c in &cqes {
+                assert_eq!(
+                    c.res,
+                    if c.user_data == 2 { 0 } else { len as i32 },
+                    "{c:?}"
+                );
+            }
+            let mut got = vec![0u8; len];
+            p.window.read(0, &mut got);
+            assert!(got == data, "PUT of {len} bytes over {lanes} lanes");
+            back.read(0, &mut got);
+            assert!(got == data, "GET of {len} bytes over {lanes} lanes");
+        }
+    }
+}
+
+#[test]
+fn every_atomic() {
+    let p = pair(4096, 2);
+    let res = p.initiator.alloc_registered(4096).unwrap();
+    let mut qp = p.initiator.create_queue().unwrap();
+    let ep = p.ep.as_raw();
+    let at = |off: u64| RemoteBuf {
+        rkey: p.rkey.as_raw(),
+        addr: p.window.addr() + off,
+    };
+    p.window.store_u64(0, 10);
+    let sqes = [
+        Sqe::atomic_add(ep, at(0), 5).with_user_data(1),
+        Sqe::atomic_fadd(ep, res.local(0), at(0), 1).with_user_data(2),
+        Sqe::atomic_swap(ep, res.local(8), at(0), 100).with_user_data(3),
+        Sqe::atomic_cswap(ep, res.local(16), at(0), 100, 7).with_user_data(4),
+        Sqe::atomic_cswap(ep, res.local(24), at(0), 100, 9).with_user_data(5),
+    ];
+    // One at a time: each depends on the one before.
+    for sqe in sqes {
+        let c = run(&p.initiator, &p.target, &mut qp, &[sqe], 1);
+        assert_eq!(c[0].res, 8, "{:?}", c[0]);
+    }
+    assert_eq!(res.load_u64(0), 15, "FADD fetched after ADD");
+    assert_eq!(res.load_u64(8), 16, "SWAP fetched after FADD");
+    assert_eq!(res.load_u64(16), 100, "CSWAP that matched");
+    assert_eq!(res.load_u64(24), 7, "CSWAP that did not match");
+    assert_eq!(p.window.load_u64(0), 7);
+    // Misaligned and out of bounds: the target refuses them, each with its
+    // status, and nothing changes.
+    let bad = [
+        Sqe::atomic_add(ep, at(4), 1).with_user_data(6),
+        Sqe::atomic_add(ep, at(4096), 1).with_user_data(7),
+    ];
+    let cqes = run(&p.initiator, &p.target, &mut qp, &bad, 2);
+    for c in cqes {
+        assert!(c.res < 0, "{c:?}");
+    }
+    assert_eq!(p.window.load_u64(0), 7);
+}
+
+#[test]
+fn notifications_arrive_after_the_data_before_them() {
+    let p = pair(1 << 20, 4);
+    let src = p.initiator.alloc_registered(1 << 20).unwrap();
+    let mut qp = p.initiator.create_queue().unwrap();
+    let mut tq = p.target.create_queue().unwrap();
+    let ep = p.ep.as_raw();
+    let remote = RemoteBuf {
+        rkey: p.rkey.as_raw(),
+        addr: p.window.addr(),
+    };
+    for round in 0..20u64 {
+        let data = pattern(1 << 20, round);
+        src.write(0, &data);
+        src.store_u64(0, round);
+        let mut notify = Sqe::notify(ep, src.local(0), 8).with_user_data(2);
+        notify.operand = round;
+        // A large PUT (a bandwidth lane), then the notification (lane 0).
+        let sqes = [
+            Sqe::put(ep, src.local(0), remote, 1 << 20).with_user_data(1),
+            notify,
+        ];
+        let mut initiated = 0;
+        let mut pushed = false;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let cqe = loop {
+            if !pushed {
+                qp.push_batch(&sqes).unwrap();
+                qp.submit();
+                pushed = true;
+            }
+            p.initiator.progress();
+            p.target.progress();
+            let mut batch = [Cqe::default(); 8];
+            initiated += qp.reap(&mut batch).unwrap();
+            if let Some(c) = tq.pop().unwrap() {
+                break c;
+            }
+            assert!(Instant::now() < deadline, "no notification");
+        };
+        // When the notification is seen, the data before it is there.
+        assert_eq!(cqe.user_data, round);
+        let mut got = vec![0u8; 1 << 20];
+        p.window.read(0, &mut got);
+        assert!(got[8..] == data[8..], "round {round}");
+        drop(tq.notification(&cqe).unwrap());
+        while initiated < 2 {
+            p.initiator.progress();
+            p.target.progress();
+            let mut batch = [Cqe::default(); 8];
+            initiated += qp.reap(&mut batch).unwrap();
+            assert!(Instant::now() < deadline);
+        }
+    }
+}
+
+/// Writes `a` (8 MiB, a bandwidth lane) then `b` (8 KiB, the next
+/// bandwidth lane) over the last 8 KiB of `a`'s range, with or without a
+/// strong fence between; returns whether the window ended with `b`.
+fn later_write_wins(
+    p: &Pair,
+    qp: &mut QueuePair,
+    src: &RegisteredBuf,
+    fence: bool,
+    seed: u64,
+) -> bool {
+    const A: usize = 8 << 20;
+    const B: usize = 8 << 10;
+    let ep = p.ep.as_raw();
+    let a = pattern(A, seed);
+    let b = pattern(B, seed + 1000);
+    src.write(0, &a);
+    src.write(A, &b);
+    let remote = |off: usize| RemoteBuf {
+        rkey: p.rkey.as_raw(),
+        addr: p.window.addr() + off as u64,
+    };
+    let mut sqes = vec![Sqe::put(ep, src.local(0), remote(0), A as u32).with_user_data(1)];
+    if fence {
+        sqes.push(Sqe::fence(ep, FenceMode::STRONG).with_user_data(2));
+    }
+    sqes.push(Sqe::put(ep, src.local(A as u64), remote(A - B), B as u32).with_user_data(3));
+    let n = sqes.len();
+    let cqes = run(&p.initiator, &p.target, qp, &sqes, n);
+    assert!(cqes.iter().all(|c| c.res >= 0), "{cqes:?}");
+    let mut tail = vec![0u8; B];
+    p.window.read(A - B, &mut tail);
+    if tail == b {
+        true
+    } else {
+        assert!(tail == a[A - B..], "the tail is neither write");
+        false
+    }
+}
+
+#[test]
+fn a_strong_fence_orders_writes_across_lanes() {
+    let p = pair(8 << 20, 4);
+    let src = p.initiator.alloc_registered(9 << 20).unwrap();
+    let mut qp = p.initiator.create_queue().unwrap();
+    // Without a fence the two writes travel on different connections and
+    // the later one can land first: shown at least once in 20 tries.
+    let mut reordered = 0;
+    for seed in 0..20 {
+        if !later_write_wins(&p, &mut qp, &src, false, seed) {
+            reordered += 1;
+        }
+        if reordered > 0 {
+            break;
+        }
+    }
+    assert!(
+        reordered > 0,
+        "lanes never reordered: the test shows nothing"
+    );
+    // With the fence the later write always wins.
+    for seed in 0..10 {
+        assert!(
+            later_write_wins(&p, &mut qp, &src, true, 100 + seed),
+            "try {seed}"
+        );
+    }
+}
+
+#[test]
+fn a_hundred_thousand_mixed_operations_with_fences_over_4_lanes() {
+    const SLOTS: u64 = 64;
+    const SLOT: u64 = 16 << 10;
+    let p = pair((SLOTS * SLOT + 4096) as usize, 4);
+    let src = p
+        .initiator
+        .alloc_registered((SLOTS * SLOT) as usize)
+        .unwrap();
+    let back = p
+        .initiator
+        .alloc_registered((SLOTS * SLOT + 4096) as usize)
+        .unwrap();
+    let mut qp = p.initiator.create_queue().unwrap();
+    let ep = p.ep.as_raw();
+    let counter = SLOTS * SLOT;
+    let remote = |off: u64| RemoteBuf {
+        rkey: p.rkey.as_raw(),
+        addr: p.window.addr() + off,
+    };
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let mut ops = 0u64;
+    let mut adds = 0u64;
+    let mut round = 0u64;
+    while ops < 100_000 {
+        round += 1;
+        // A round: PUTs to distinct slots (small ones on lane 0, large
+        // ones on the bandwidth lanes), atomics, a fence (weak or strong),
+        // then GETs of what this round wrote.
+        let n = 1 + next() % 16;
+        let first = next() % (SLOTS - n + 1);
+        let mut sqes = Vec::new();
+        let mut written = Vec::new();
+        for k in 0..n {
+            let slot = first + k;
+            let len = if next() % 2 == 0 {
+                8 + next() % 256
+            } else {
+                8192 + next() % (SLOT - 8192)
+            };
+            let value = round << 20 | slot;
+            src.store_u64((slot * SLOT) as usize, value);
+            sqes.push(Sqe::put(
+                ep,
+                src.local(slot * SLOT),
+                remote(slot * SLOT),
+                len as u32,
+            ));
+            written.push((slot, value));
+            let add = 1 + next() % 5;
+            adds += add;
+            sqes.push(Sqe::atomic_add(ep, remote(counter), add));
+        }
+        let mode = if next() % 2 == 0 {
+            FenceMode::STRONG
+        } else {
+            FenceMode::WEAK
+        };
+        sqes.push(Sqe::fence(ep, mode));
+        if mode == FenceMode::WEAK {
+            // A weak fence orders, it does not complete what came before:
+            // only a strong one makes the GETs below see every PUT.
+            sqes.push(Sqe::fence(ep, FenceMode::STRONG));
+        }
+        for &(slot, _) in &written {
+            sqes.push(Sqe::get(
+                ep,
+                back.local(slot * SLOT),
+                remote(slot * SLOT),
+                8,
+            ));
+        }
+        for (i, sqe) in sqes.iter_mut().enumerate() {
+            *sqe = sqe.with_user_data(i as u64);
+        }
+        let cqes = run(&p.initiator, &p.target, &mut qp, &sqes, sqes.len());
+        let mut seen = vec![false; sqes.len()];
+        for c in &cqes {
+            assert!(c.res >= 0, "round {round}: {c:?}");
+            assert!(
+                !std::mem::replace(&mut seen[c.user_data as usize], true),
+                "twice: {c:?}"
+            );
+        }
+        for &(slot, value) in &written {
+            assert_eq!(
+                back.load_u64((slot * SLOT) as usize),
+                value,
+                "round {round} slot {slot}"
+            );
+        }
+        ops += sqes.len() as u64;
+    }
+    // Every ADD ran once.
+    let c = run(
+        &p.initiator,
+        &p.target,
+        &mut qp,
+        &[Sqe::get(ep, back.local(counter), remote(counter), 8).with_user_data(9)],
+        1,
+    );
+    assert_eq!(c[0].res, 8);
+    assert_eq!(back.load_u64(counter as usize), adds);
+}
+
+#[test]
+fn a_dead_target_fails_every_request_once_and_the_worker_serves_others() {
+    let p = pair(1 << 20, 2);
+    let other = pair(4096, 1);
+    let src = p.initiator.alloc_registered(1 << 20).unwrap();
+    let mut qp = p.initiator.create_queue().unwrap();
+    let ep = p.ep.as_raw();
+    let remote = RemoteBuf {
+        rkey: p.rkey.as_raw(),
+        addr: p.window.addr(),
+    };
+    // Requests in flight, some answered, when the target goes away.
+    let sqes: Vec<Sqe> = (0..200u64)
+        .map(|i| {
+            let len = if i % 3 == 0 { 64 << 10 } else { 64 };
+            Sqe::put(ep, src.local(0), remote, len).with_user_data(i)
+        })
+        .chain([Sqe::flush(ep).with_user_data(200)])
+        .collect();
+    qp.push_batch(&sqes).unwrap();
+    qp.submit();
+    p.initiator.progress();
+    p.target.progress();
+    let Pair {
+        target, initiator, ..
+    } = p;
+    drop(target);
+    let mut cqes = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while cqes.len() < sqes.len() {
+        initiator.progress();
+        let mut batch = [Cqe::default(); 64];
+        let n = qp.reap(&mut batch).unwrap();
+        cqes.extend_from_slice(&batch[..n]);
+        assert!(
+            Instant::now() < deadline,
+            "{} of {} completed",
+            cqes.len(),
+            sqes.len()
+        );
+        std::thread::yield_now();
+    }
+    let mut seen = [false; 201];
+    for c in &cqes {
+        assert!(
+            !std::mem::replace(&mut seen[c.user_data as usize], true),
+            "twice: {c:?}"
+        );
+    }
+    let flush = cqes.iter().find(|c| c.user_data == 200).unwrap();
+    assert!(
+        flush.res < 0,
+        "a FLUSH over a dead peer succeeded: {flush:?}"
+    );
+    assert!(
+        matches!(
+            initiator.endpoint_state(p.ep).unwrap(),
+            EndpointState::Failed(_)
+        ),
+        "{:?}",
+        initiator.endpoint_state(p.ep)
+    );
+    // New requests fail at once.
+    let c = run(
+        &initiator,
+        &other.target,
+        &mut qp,
+        &[Sqe::put(ep, src.local(0), remote, 8).with_user_data(7)],
+        1,
+    );
+    assert!(c[0].res < 0);
+    // The other endpoint (its own initiator and target) goes on; so does
+    // a new endpoint of this initiator to a live target.
+    let window = other.target.alloc_registered(4096).unwrap();
+    let ep2 = initiator
+        .connect_lanes(other.target.address(), &[("tcp", 1)])
+        .unwrap();
+    let rkey2 = initiator
+        .unpack_rkey(ep2, &other.target.pack_rkey(window.handle()).unwrap())
+        .unwrap();
+    src.write(0, b"still here");
+    let c = run(
+        &initiator,
+        &other.target,
+        &mut qp,
+        &[Sqe::put(
+            ep2.as_raw(),
+            src.local(0),
+            RemoteBuf {
+                rkey: rkey2.as_raw(),
+                addr: window.addr(),
+            },
+            10,
+        )
+        .with_user_data(8)],
+        1,
+    );
+    assert_eq!(c[0].res, 10, "{:?}", c[0]);
+    let mut got = [0u8; 10];
+    window.read(0, &mut got);
+    assert_eq!(&got, b"still here");
 }
