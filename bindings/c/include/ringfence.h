@@ -513,9 +513,12 @@ struct rf_ring {
  */
 struct rf_worker_config {
   /**
-   * Comma-separated driver names in priority order (`"shm"`,
+   * Comma-separated driver names in priority order (`"shm"`, `"tcp"`,
    * `"loopback"`), NUL-terminated; NULL for the default (`"shm"` when the
    * library has it, else `"loopback"`). A name given twice counts once.
+   * `"tcp"` listens on `RINGFENCE_TCP_ADDR` (default 127.0.0.1, any
+   * port), or on 127.0.0.1 with `ignore_env`; over tcp the target must
+   * make progress (its core thread, or `rf_progress`).
    */
   const char *drivers;
   /**

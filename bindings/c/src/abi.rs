@@ -156,9 +156,12 @@ pub struct rf_ring {
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct rf_worker_config {
-    /// Comma-separated driver names in priority order (`"shm"`,
+    /// Comma-separated driver names in priority order (`"shm"`, `"tcp"`,
     /// `"loopback"`), NUL-terminated; NULL for the default (`"shm"` when the
     /// library has it, else `"loopback"`). A name given twice counts once.
+    /// `"tcp"` listens on `RINGFENCE_TCP_ADDR` (default 127.0.0.1, any
+    /// port), or on 127.0.0.1 with `ignore_env`; over tcp the target must
+    /// make progress (its core thread, or `rf_progress`).
     pub drivers: *const c_char,
     /// SQ entries of each ring (power of two, at most 65536).
     pub sq_entries: u32,

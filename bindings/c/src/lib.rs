@@ -32,6 +32,7 @@
 //! # Cargo features
 //! - `shm` (default): the shared-memory driver, `"shm"` in
 //!   `rf_worker_config.drivers`. The `"loopback"` driver is always there.
+//! - `tcp` (default): the TCP driver over io_uring, `"tcp"`.
 //!
 //! # The contract with C
 //! Every exported function catches panics, checks its pointers (NULL,

@@ -116,6 +116,15 @@ fn configure(
                 let shm = ringfence_shm::Shm::new().map_err(|_| Status::Io)?;
                 builder.driver(shm);
             }
+            #[cfg(feature = "tcp")]
+            "tcp" => {
+                let tcp = if config.ignore_env != 0 {
+                    ringfence_tcp::Tcp::builder().ignore_env().build()
+                } else {
+                    ringfence_tcp::Tcp::new()
+                };
+                builder.driver(tcp.map_err(|e| e.status)?);
+            }
             _ => return Err(Status::InvalidArgument),
         }
         any = true;
