@@ -68,6 +68,25 @@ struct Conn {
     /// length, bytes taken).
     backlog: VecDeque<(u16, u32, u32)>,
     serve: Serve,
+    /// A large PUT's payload received straight into its window.
+    direct: Direct,
+    /// Bytes a direct receive placed that the reader has not moved past.
+    placed: u32,
+}
+
+/// Where a connection is in receiving a large PUT's payload straight into
+/// its window (no copy through the receive buffers): the multishot receive
+/// is stopped, a receive of exactly the rest of the payload into the
+/// window runs, then the multishot receive is armed again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Direct {
+    /// Receiving through the multishot receive.
+    Off,
+    /// The multishot receive is being canceled; what it still delivers is
+    /// taken as usual.
+    Stopping,
+    /// A receive into the window of registration `key` is in flight.
+    Receiving { key: u32 },
 }
 
 impl std::fmt::Debug for Conn {
@@ -281,6 +300,8 @@ impl Tcp {
             closing: false,
             backlog: VecDeque::with_capacity(usize::from(self.uring.buffer_count())),
             serve: Serve::new(notify_size),
+            direct: Direct::Off,
+            placed: 0,
         }));
         slot
     }
@@ -422,6 +443,7 @@ impl Tcp {
             Tag::Connect => self.on_connect(slot, generation, res),
             Tag::Send => self.on_send(slot, generation, res),
             Tag::Recv => self.on_recv(slot, generation, res, flags),
+            Tag::Direct => self.on_direct(slot, generation, res),
             Tag::Cancel => {}
         }
     }
@@ -527,14 +549,14 @@ impl Tcp {
                 conn.backlog.push_back((bid, n as u32, 0));
                 self.drain(slot);
                 if !more {
-                    self.rearm.push(slot);
+                    self.receive_again(slot);
                 }
             }
             (n, _) if n == -libc_errno::ENOBUFS || n == -libc_errno::ECANCELED => {
-                // Out of receive buffers, or canceled when the thread that
-                // armed it exited: armed again at the next commit.
+                // Out of receive buffers, canceled when the thread that
+                // armed it exited, or stopped for a direct receive.
                 self.uring.recycle(bid);
-                self.rearm.push(slot);
+                self.receive_again(slot);
             }
             (0, _) => {
                 self.uring.recycle(bid);
@@ -555,6 +577,102 @@ impl Tcp {
         }
     }
 
+    /// The multishot receive of `slot` ended: a direct receive starts if
+    /// one was asked for, else the multishot receive is armed again at the
+    /// next commit.
+    fn receive_again(&mut self, slot: u32) {
+        let Some(conn) = self
+            .conns
+            .get_mut(slot as usize)
+            .and_then(|c| c.as_deref_mut())
+        else {
+            return;
+        };
+        if conn.closing {
+            return;
+        }
+        if conn.direct == Direct::Stopping {
+            self.start_direct(slot);
+        } else {
+            self.rearm.push(slot);
+        }
+    }
+
+    /// Receives the rest of the current PUT's payload straight into its
+    /// window, if the reader is still inside it; else goes back to the
+    /// multishot receive.
+    fn start_direct(&mut self, slot: u32) {
+        let Some(conn) = self
+            .conns
+            .get_mut(slot as usize)
+            .and_then(|c| c.as_deref_mut())
+        else {
+            return;
+        };
+        let target = match (conn.reader.in_payload(), conn.serve.write_target()) {
+            (Some((h, at)), Some(addr)) if conn.backlog.is_empty() => Some((h, at, addr)),
+            _ => None,
+        };
+        let Some((h, at, addr)) = target else {
+            conn.direct = Direct::Off;
+            self.rearm.push(slot);
+            return;
+        };
+        let dst = (addr + u64::from(at)) as usize as *mut u8;
+        let entry = opcode::Recv::new(types::Fd(conn.fd.as_raw_fd()), dst, h.len - at)
+            .flags(libc::MSG_WAITALL)
+            .build()
+            .user_data(uring::user_data(Tag::Direct, slot, conn.generation));
+        // SAFETY: `[dst, dst + len)` is the rest of a PUT's range, checked
+        // against a live registration when its header came; the
+        // registration stays until this receive completes: deregistering
+        // it cancels the receive and waits for it (`quiesce`).
+        if unsafe { self.uring.push(&entry) }.is_ok() {
+            conn.flying += 1;
+            conn.direct = Direct::Receiving { key: h.key };
+        } else {
+            conn.direct = Direct::Off;
+            self.rearm.push(slot);
+        }
+    }
+
+    fn on_direct(&mut self, slot: u32, generation: u32, res: i32) {
+        let Some(conn) = conn_at(&mut self.conns, slot, generation) else {
+            return;
+        };
+        conn.flying -= 1;
+        if conn.closing {
+            self.maybe_free(slot);
+            return;
+        }
+        if res <= 0 {
+            let status = if res == 0 {
+                Status::Transport
+            } else {
+                Status::PeerUnreachable
+            };
+            tracing::debug!(errno = -res, "tcp direct receive ended");
+            self.close_conn(slot, status);
+            return;
+        }
+        conn.placed = res as u32;
+        // Moves the reader past the placed bytes (answering the PUT if they
+        // were its last), then takes whatever else is queued.
+        self.drain(slot);
+        let Some(conn) = self
+            .conns
+            .get_mut(slot as usize)
+            .and_then(|c| c.as_deref_mut())
+        else {
+            return;
+        };
+        if conn.closing {
+            return;
+        }
+        // A short receive (a signal): the rest, straight again.
+        self.start_direct(slot);
+    }
+
     /// Feeds connection `slot`'s received bytes to its reader, as far as
     /// the reader takes them.
     fn drain(&mut self, slot: u32) {
@@ -568,6 +686,7 @@ impl Tcp {
             answered,
             recycled,
             to_send,
+            config,
             ..
         } = self;
         let Some(conn) = conns.get_mut(slot as usize).and_then(|c| c.as_deref_mut()) else {
@@ -584,8 +703,14 @@ impl Tcp {
                     notify: notify.as_deref(),
                     instance: address.instance,
                 };
+                let placed = std::mem::take(&mut conn.placed);
+                if placed > 0 {
+                    if let Err(b) = conn.reader.advance(placed, &mut handler) {
+                        broken = Some(b);
+                    }
+                }
                 // A frame paused earlier goes first.
-                let mut go = handler.pump_get();
+                let mut go = broken.is_none() && handler.pump_get();
                 if go {
                     match conn.reader.feed(&[], &mut handler) {
                         Ok(_) => {}
@@ -614,6 +739,25 @@ impl Tcp {
                 // What this round took is answered in this round's send (a
                 // full batch answers after the send in flight completes).
                 handler.flush_ack();
+                // Inside a large PUT's payload: the rest goes straight into
+                // the window once the multishot receive has stopped.
+                if let Some((h, at)) = conn.reader.in_payload() {
+                    let big = h.len - at >= config.direct_min;
+                    if big
+                        && conn.direct == Direct::Off
+                        && conn.recv_armed
+                        && conn.serve.write_target().is_some()
+                    {
+                        let recv = uring::user_data(Tag::Recv, slot, conn.generation);
+                        let entry = opcode::AsyncCancel::new(recv)
+                            .build()
+                            .user_data(uring::user_data(Tag::Cancel, slot, conn.generation));
+                        // SAFETY: a cancellation names no memory.
+                        if unsafe { uring.push(&entry) }.is_ok() {
+                            conn.direct = Direct::Stopping;
+                        }
+                    }
+                }
             }
             Role::Lane { ep, lane } => {
                 let Some(endpoint) = eps.get_mut(ep as usize).and_then(Option::as_mut) else {
@@ -752,6 +896,39 @@ impl Tcp {
         }
     }
 
+    /// Ends every direct receive into registration `key` and waits until
+    /// the kernel has let go of it.
+    fn quiesce_key(&mut self, key: u32) {
+        let receiving = |c: &Option<Box<Conn>>| {
+            c.as_deref()
+                .is_some_and(|c| c.direct == Direct::Receiving { key } && c.flying > 0)
+        };
+        let slots: Vec<u32> = (0..self.conns.len() as u32)
+            .filter(|&s| receiving(&self.conns[s as usize]))
+            .collect();
+        if slots.is_empty() {
+            return;
+        }
+        for &slot in &slots {
+            tracing::debug!(
+                slot,
+                key,
+                "tcp: window deregistered during a direct receive"
+            );
+            self.close_conn(slot, Status::Transport);
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while slots.iter().any(|&s| receiving(&self.conns[s as usize])) {
+            if Instant::now() > deadline || self.uring.submit_and_wait().is_err() {
+                tracing::error!("tcp: a canceled receive did not end");
+                break;
+            }
+            while let Some(cqe) = self.uring.next() {
+                self.handle(&cqe);
+            }
+        }
+    }
+
     /// A completion during teardown: only the bookkeeping of what is in
     /// flight.
     fn handle_teardown(&mut self, cqe: &cqueue::Entry) {
@@ -778,7 +955,7 @@ impl Tcp {
                 }
                 self.maybe_free(slot);
             }
-            Tag::Send | Tag::Connect => {
+            Tag::Send | Tag::Connect | Tag::Direct => {
                 if let Some(conn) = self.conn_mut(slot, generation) {
                     conn.flying -= 1;
                 }
@@ -1205,10 +1382,11 @@ impl Driver for Tcp {
 
     fn quiesce(&mut self, scope: Quiesce) {
         match scope {
-            // Every access to registered memory happens inside `poll`
-            // (received bytes are copied out of the receive buffers there),
-            // so a deregistered key is never touched again.
-            Quiesce::Memory(_) => {}
+            // Accesses to registered memory happen inside `poll` (copies
+            // out of the receive buffers), except a direct receive into a
+            // window: its connection closes (the stream is mid-payload) and
+            // the receive is waited out.
+            Quiesce::Memory(key) => self.quiesce_key(key.0 as u32),
             Quiesce::All => self.quiesce_all(),
         }
     }

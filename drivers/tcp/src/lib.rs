@@ -28,7 +28,7 @@
 //!   keepalive) fails the endpoint: every request on it completes once,
 //!   with an error; the worker's other endpoints go on. A malformed frame
 //!   closes its connection, and a lane's endpoint fails with
-//!   [`Status::Transport`](ringfence_ring::Status::Transport); nothing
+//!   [`Status::Transport`]; nothing
 //!   outside a registered window is ever written.
 //!
 //! # Addresses
@@ -83,6 +83,7 @@ pub(crate) struct Config {
     send_buffer: usize,
     depth: usize,
     max_lanes: u8,
+    direct_min: u32,
 }
 
 /// Builds a [`Tcp`] driver.
@@ -104,6 +105,7 @@ impl Default for TcpBuilder {
                 send_buffer: 128 << 10,
                 depth: 1024,
                 max_lanes: ringfence::MAX_LANES,
+                direct_min: 256 << 10,
             },
             from_env: true,
         }
@@ -153,6 +155,14 @@ impl TcpBuilder {
     /// GET data a target sends.
     pub fn send_buffer(mut self, bytes: usize) -> Self {
         self.config.send_buffer = bytes;
+        self
+    }
+
+    /// A PUT payload with at least `bytes` still to come is received
+    /// straight into the target's window instead of through the receive
+    /// buffers (default 256 KiB; `u32::MAX`: never).
+    pub fn direct_recv_min(mut self, bytes: u32) -> Self {
+        self.config.direct_min = bytes;
         self
     }
 

@@ -150,6 +150,40 @@ impl Reader {
         }
     }
 
+    /// The frame whose payload is being read, and how far in: `None`
+    /// between payloads.
+    pub fn in_payload(&self) -> Option<(Header, u32)> {
+        match self.state {
+            State::Payload { h, at } => Some((h, at)),
+            State::Header { .. } => None,
+        }
+    }
+
+    /// `n` bytes of the current payload were placed where they belong
+    /// without passing through [`feed`](Reader::feed) (received straight
+    /// into their destination): moves past them, and ends the frame if
+    /// they were its last.
+    ///
+    /// # Errors
+    /// Not inside a payload, `n` beyond its end, or the handler's verdict
+    /// at the end of the frame.
+    pub fn advance(&mut self, n: u32, handler: &mut impl Handler) -> Result<(), Broken> {
+        let State::Payload { h, at } = self.state else {
+            return Err(Broken::Protocol("bytes placed outside a payload"));
+        };
+        if n > h.len - at {
+            return Err(Broken::Protocol("bytes placed beyond a payload"));
+        }
+        let at = at + n;
+        self.state = if at == h.len {
+            Self::finish(handler, &h)?;
+            State::Header { have: 0 }
+        } else {
+            State::Payload { h, at }
+        };
+        Ok(())
+    }
+
     fn finish(handler: &mut impl Handler, h: &Header) -> Result<(), Broken> {
         match handler.end(h) {
             Ok(()) | Err(Stop::Pause) => Ok(()),
@@ -296,6 +330,32 @@ mod tests {
             Err(Broken::Frame(FrameError::Length { .. }))
         ));
         assert!(log.frames.is_empty());
+    }
+
+    #[test]
+    fn payload_placed_elsewhere_is_skipped_and_ends_the_frame() {
+        let (bytes, frames) = stream();
+        // Frame 2 (the first with a payload): its header and 10 bytes of
+        // its payload are fed; the rest of its payload is "placed" by
+        // `advance`.
+        let start = 2 * HEADER_LEN;
+        let (put, payload) = &frames[2];
+        assert!(put.len > 10);
+        let mut r = Reader::new(1 << 20);
+        let mut log = Log::default();
+        let fed = start + HEADER_LEN + 10;
+        assert_eq!(r.feed(&bytes[..fed], &mut log), Ok(fed));
+        assert_eq!(r.in_payload(), Some((*put, 10)));
+        let rest = put.len - 10;
+        assert!(r.advance(rest + 1, &mut log).is_err(), "beyond the payload");
+        // The log checks payload lengths at `end`: give it the bytes.
+        log.frames[2].1.extend_from_slice(&payload[10..]);
+        r.advance(rest, &mut log).unwrap();
+        assert!(r.at_boundary());
+        assert!(r.advance(1, &mut log).is_err(), "outside a payload");
+        let after = fed + rest as usize;
+        assert_eq!(r.feed(&bytes[after..], &mut log), Ok(bytes.len() - after));
+        assert_eq!(log.frames, frames);
     }
 
     #[test]

@@ -91,6 +91,17 @@ impl Serve {
     }
 }
 
+impl Serve {
+    /// Where the current PUT's payload is written, if it passed the checks:
+    /// the address of its first byte.
+    pub(crate) fn write_target(&self) -> Option<u64> {
+        match self.sink {
+            Sink::Write(addr) => Some(addr),
+            _ => None,
+        }
+    }
+}
+
 /// Bytes of GET data per GET_DATA frame at most.
 const GET_PIECE: u32 = 256 << 10;
 

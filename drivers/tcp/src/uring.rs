@@ -25,6 +25,8 @@ pub(crate) enum Tag {
     Recv = 4,
     /// A cancellation (its result is not needed).
     Cancel = 5,
+    /// A receive straight into registered memory (a large PUT's payload).
+    Direct = 6,
 }
 
 /// `user_data` for `tag` on connection `slot` of generation `generation`.
@@ -40,6 +42,7 @@ pub(crate) fn parse_user_data(data: u64) -> Option<(Tag, u32, u32)> {
         3 => Tag::Send,
         4 => Tag::Recv,
         5 => Tag::Cancel,
+        6 => Tag::Direct,
         _ => return None,
     };
     Some((tag, (data >> 32) as u32 & 0x00ff_ffff, data as u32))
@@ -292,6 +295,7 @@ mod tests {
             (Tag::Recv, 12, 7),
             (Tag::Cancel, 1, 1),
             (Tag::Connect, 99, 3),
+            (Tag::Direct, 5, 9),
         ] {
             assert_eq!(
                 parse_user_data(user_data(tag, slot, generation)),
