@@ -82,8 +82,8 @@ fn the_default_run_spawns_a_target_and_prints_every_column() {
 }
 
 #[test]
-fn loopback_and_shm_pass_their_consistency_checks() {
-    for driver in ["loopback", "shm"] {
+fn every_driver_passes_its_consistency_checks() {
+    for driver in ["loopback", "shm", "tcp"] {
         for op in ["write", "read", "atomic"] {
             let mut args = vec!["--driver", driver, "--op", op, "--check-consistency"];
             args.extend_from_slice(&SMALL);
@@ -103,6 +103,8 @@ fn loopback_and_shm_pass_their_consistency_checks() {
         "--check-consistency",
     ];
     args.extend_from_slice(&SMALL);
+    stdout_of(&args);
+    args[1] = "tcp";
     stdout_of(&args);
 }
 
@@ -142,7 +144,7 @@ fn csv_has_the_nixlbench_header() {
 
 #[test]
 fn a_corrupted_target_fails_the_check() {
-    for driver in ["loopback", "shm"] {
+    for driver in ["loopback", "shm", "tcp"] {
         for op in ["write", "read"] {
             let mut args = vec![
                 "--driver",
@@ -166,7 +168,7 @@ fn a_corrupted_target_fails_the_check() {
 
 #[test]
 fn latency_mode_reports_one_way_latency() {
-    for driver in ["loopback", "shm"] {
+    for driver in ["loopback", "shm", "tcp"] {
         let dir = tempfile::tempdir().unwrap();
         let plot = dir.path().join("lat.svg");
         let out = stdout_of(&[
@@ -215,4 +217,181 @@ fn bad_arguments_are_a_clear_message_and_status_2() {
         assert!(err.contains(says), "{args:?}: {err}");
         assert!(out.stdout.is_empty(), "{args:?}");
     }
+}
+
+/// A `--listen` target on 127.0.0.1 (any port) and the address its first
+/// line of standard output names.
+fn listening_target(extra: &[&str]) -> (std::process::Child, String) {
+    use std::io::BufRead;
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_rfbench"));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("RINGFENCE_") {
+            cmd.env_remove(k);
+        }
+    }
+    let mut child = cmd
+        .args(["--driver", "tcp", "--listen", "127.0.0.1:0"])
+        .args(extra)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let addr = first
+        .trim()
+        .strip_prefix("rfbench: listening on ")
+        .unwrap_or_else(|| panic!("first line `{first}`"))
+        .to_string();
+    (child, addr)
+}
+
+/// Waits for `child` (only catches a hang) and returns its status and
+/// standard error.
+fn finish(mut child: std::process::Child) -> (std::process::ExitStatus, String) {
+    use std::io::Read;
+    let mut stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut err = String::new();
+        let _ = stderr.read_to_string(&mut err);
+        let _ = tx.send(err);
+    });
+    // Standard error closes when the process exits.
+    let err = match rx.recv_timeout(std::time::Duration::from_secs(60)) {
+        Ok(err) => err,
+        Err(_) => {
+            let _ = child.kill();
+            panic!("the --listen target did not exit");
+        }
+    };
+    (child.wait().unwrap(), err)
+}
+
+#[test]
+fn listen_and_connect_run_the_two_sides_apart() {
+    // Bandwidth with every check the target takes part in.
+    for op in ["write", "read", "atomic"] {
+        let (target, addr) = listening_target(&[]);
+        let mut args = vec![
+            "--driver",
+            "tcp",
+            "--connect",
+            &addr,
+            "--op",
+            op,
+            "--check-consistency",
+            "--lanes",
+            "4",
+        ];
+        args.extend_from_slice(&SMALL);
+        let table = stdout_of(&args);
+        // Atomics have one block size (8 B).
+        let blocks = if op == "atomic" { 1 } else { 10 };
+        assert_eq!(rows(&table).len(), blocks * 4, "{op}:\n{table}");
+        assert!(table.contains("--listen 127.0.0.1:"), "{table}");
+        let (status, err) = finish(target);
+        assert!(status.success(), "{op}: {status}: {err}");
+    }
+    // A corrupted target window is found from the other side too.
+    let (target, addr) = listening_target(&["--corrupt-for-test"]);
+    let mut args = vec!["--driver", "tcp", "--connect", &addr, "--check-consistency"];
+    args.extend_from_slice(&SMALL);
+    let out = rfbench().args(&args).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("consistency check failed"));
+    finish(target);
+    // The ping-pong: the target connects back to this side's worker.
+    let (target, addr) = listening_target(&[]);
+    let out = stdout_of(&[
+        "--driver",
+        "tcp",
+        "--connect",
+        &addr,
+        "--mode",
+        "latency",
+        "--max-block-size",
+        "64",
+        "--num-iter",
+        "500",
+    ]);
+    let rows = rows(&out);
+    assert_eq!(rows.len(), 4, "{out}");
+    for r in rows {
+        assert!(r[2] > 0.0 && r[4] >= r[2], "p99 >= median: {r:?}");
+    }
+    let (status, err) = finish(target);
+    assert!(status.success(), "{status}: {err}");
+}
+
+#[test]
+fn a_listen_target_refuses_what_is_not_the_protocol() {
+    use std::io::{Read, Write};
+    // Each of these ends the session: the target exits with status 1 and
+    // says why; a frame of the protocol, where one comes back, is `err`.
+    let frame = |text: &str| {
+        let mut f = (text.len() as u32).to_le_bytes().to_vec();
+        f.extend_from_slice(text.as_bytes());
+        f
+    };
+    for (bytes, says) in [
+        (frame("hello there"), "expected `rfbench-hello"),
+        (frame("rfbench-hello 9 4096"), "protocol version"),
+        (frame("rfbench-hello 1 99999999999999"), "window length"),
+        ((1u32 << 30).to_le_bytes().to_vec(), "a frame of"),
+        (vec![3, 0, 0, 0, 0xff, 0xfe, 0xfd], "not UTF-8"),
+        (vec![9, 0], "reading the hello"),
+    ] {
+        let (target, addr) = listening_target(&[]);
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        s.write_all(&bytes).unwrap();
+        if bytes.len() == 2 {
+            // A hello cut short: the socket closes inside it.
+            s.shutdown(std::net::Shutdown::Write).unwrap();
+        }
+        let mut answer = Vec::new();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(60)))
+            .unwrap();
+        let _ = s.read_to_end(&mut answer);
+        let (status, err) = finish(target);
+        assert_eq!(status.code(), Some(1), "{says}: {err}");
+        assert!(err.contains(says), "{says}: {err}");
+        if answer.len() > 4 {
+            assert!(answer[4..].starts_with(b"err "), "{says}: {answer:?}");
+        }
+    }
+    // After a good hello, a command that is not one is answered with
+    // `err`, and the session goes on until `done`.
+    let (target, addr) = listening_target(&[]);
+    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(60)))
+        .unwrap();
+    let mut ask = |text: &str| {
+        s.write_all(&frame(text)).unwrap();
+        if text == "done" {
+            return String::new();
+        }
+        let mut len = [0u8; 4];
+        s.read_exact(&mut len).unwrap();
+        let mut answer = vec![0u8; u32::from_le_bytes(len) as usize];
+        s.read_exact(&mut answer).unwrap();
+        String::from_utf8(answer).unwrap()
+    };
+    assert!(ask("rfbench-hello 1 4096").starts_with("window rf1:"));
+    let answer = ask("fly away");
+    assert!(
+        answer.starts_with("err ") && answer.contains("unknown command"),
+        "{answer}"
+    );
+    let answer = ask("prepare write 4096 2 1");
+    assert!(
+        answer.starts_with("err ") && answer.contains("a row of 2 x 4096 B"),
+        "{answer}"
+    );
+    assert_eq!(ask("prepare write 8 1 1"), "ok");
+    ask("done");
+    let (status, err) = finish(target);
+    assert!(status.success(), "{status}: {err}");
 }

@@ -4,6 +4,7 @@
 use crate::bench::error::BenchError;
 use clap::{Parser, ValueEnum};
 use serde::Serialize;
+use std::net::SocketAddr;
 
 /// A transport `rfbench` can be asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
@@ -13,7 +14,8 @@ pub enum DriverKind {
     Shm,
     /// The engine's built-in loopback driver: both sides in this process.
     Loopback,
-    /// TCP over io_uring (not built yet).
+    /// TCP over io_uring (`ringfence-tcp`): a child process on this host
+    /// over 127.0.0.1, or another host with `--listen` / `--connect`.
     Tcp,
     /// RDMA verbs (not built yet).
     Verbs,
@@ -35,7 +37,17 @@ impl DriverKind {
 
     /// Whether this build of `rfbench` has the driver.
     pub fn is_built(self) -> bool {
-        matches!(self, DriverKind::Shm | DriverKind::Loopback)
+        matches!(
+            self,
+            DriverKind::Shm | DriverKind::Loopback | DriverKind::Tcp
+        )
+    }
+
+    /// Whether the target's own progress carries out what it is sent (tcp:
+    /// the target executes each request), rather than the transfer landing
+    /// in its memory by itself (shm, loopback).
+    pub fn target_executes(self) -> bool {
+        matches!(self, DriverKind::Tcp)
     }
 }
 
@@ -103,11 +115,13 @@ pub enum Role {
 ///
 /// With no arguments it spawns a target process, sweeps PUT block sizes
 /// 8 B to 64 KiB and batch sizes 1 to 32 over the shm driver, and prints
-/// the nixlbench table.
+/// the nixlbench table. `--driver tcp` does the same over TCP (127.0.0.1);
+/// `--driver tcp --listen ADDR:PORT` on one host and `--driver tcp
+/// --connect ADDR:PORT` on another run the two sides apart.
 #[derive(Debug, Clone, Parser, Serialize)]
 #[command(name = "rfbench", version, about, long_about = None)]
 pub struct Cli {
-    /// Transport (only shm and loopback are built).
+    /// Transport (shm, loopback and tcp are built).
     #[arg(long, value_enum, default_value_t = DriverKind::Shm)]
     pub driver: DriverKind,
     /// Operation of each transfer.
@@ -173,10 +187,15 @@ pub struct Cli {
     /// The part this process plays.
     #[arg(long, value_enum, default_value_t = Role::Standalone)]
     pub role: Role,
-    /// Target: address to listen on (network drivers only; shm needs none:
-    /// the target prints its connection string).
-    #[arg(long, value_name = "ADDR")]
-    pub listen: Option<String>,
+    /// tcp only: run just the target side, taking initiators on ADDR:PORT
+    /// (port 0: any free port; the first line of standard output says
+    /// which). Serves until an initiator's run is over, or until killed.
+    #[arg(long, value_name = "ADDR:PORT", conflicts_with = "connect")]
+    pub listen: Option<SocketAddr>,
+    /// tcp only: run just the initiator side, against a target started
+    /// with `--listen` (here or on another host).
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub connect: Option<String>,
     /// Initiator: the connection string a `--role target` printed.
     #[arg(long, value_name = "ADDR")]
     pub peer: Option<String>,
@@ -224,7 +243,7 @@ impl Cli {
         let usage = |m: String| Err(BenchError::Usage(m));
         if !self.driver.is_built() {
             return usage(format!(
-                "driver `{}` is not built into this rfbench (built: shm, loopback)",
+                "driver `{}` is not built into this rfbench (built: shm, loopback, tcp)",
                 self.driver.name()
             ));
         }
@@ -260,11 +279,31 @@ impl Cli {
                 return usage("--mode latency measures PUTs: use --op write".into());
             }
         }
-        if self.listen.is_some() {
-            return usage(format!(
-                "--listen is for network drivers; driver `{}` needs none (the target prints its connection string)",
-                self.driver.name()
-            ));
+        let alone = if self.listen.is_some() {
+            Some("--listen")
+        } else if self.connect.is_some() {
+            Some("--connect")
+        } else {
+            None
+        };
+        if let Some(flag) = alone {
+            if self.driver != DriverKind::Tcp {
+                return usage(format!(
+                    "{flag} is only for --driver tcp; driver `{}` runs its two sides by hand \
+                     with --role target and --role initiator --peer",
+                    self.driver.name()
+                ));
+            }
+            if self.role != Role::Standalone {
+                return usage(format!("{flag} runs one side by itself: leave out --role"));
+            }
+        }
+        if let Some(target) = &self.connect {
+            if !has_port(target) {
+                return usage(format!(
+                    "--connect `{target}`: expected ADDR:PORT (the port the target's --listen printed)"
+                ));
+            }
         }
         match self.role {
             Role::Initiator => {
@@ -273,17 +312,17 @@ impl Cli {
                         "--role initiator needs --peer (the string the target printed)".into(),
                     );
                 }
-                if self.driver != DriverKind::Shm {
-                    return usage("--role initiator needs --driver shm".into());
+                if !matches!(self.driver, DriverKind::Shm | DriverKind::Tcp) {
+                    return usage("--role initiator needs --driver shm or tcp".into());
                 }
                 if self.mode == Mode::Latency || self.check_consistency {
                     return usage(
-                        "--mode latency and --check-consistency need the target's cooperation: run without --role (standalone)".into(),
+                        "--mode latency and --check-consistency need the target's cooperation: run without --role (standalone, or tcp's --listen/--connect)".into(),
                     );
                 }
             }
-            Role::Target if self.driver != DriverKind::Shm => {
-                return usage("--role target needs --driver shm".into());
+            Role::Target if !matches!(self.driver, DriverKind::Shm | DriverKind::Tcp) => {
+                return usage("--role target needs --driver shm or tcp".into());
             }
             _ if self.peer.is_some() => {
                 return usage("--peer is for --role initiator".into());
@@ -313,6 +352,13 @@ impl Cli {
     pub fn window_len(&self) -> usize {
         window_len(self.op, self.max_block_size, self.max_batch_size)
     }
+}
+
+/// Whether `s` ends in `:PORT` (a number), as `HOST:PORT`, `IP:PORT` and
+/// `[IPv6]:PORT` do.
+fn has_port(s: &str) -> bool {
+    s.rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
 }
 
 fn doubling(start: u64, max: u64) -> Vec<u64> {
@@ -352,8 +398,19 @@ mod tests {
         for args in [
             &["--start-block-size", "3"][..],
             &["--start-block-size", "128", "--max-block-size", "64"],
-            &["--driver", "tcp"],
+            &["--driver", "verbs"],
             &["--num-iter", "0"],
+            &["--listen", "127.0.0.1:0"],
+            &["--driver", "loopback", "--connect", "127.0.0.1:1"],
+            &["--driver", "tcp", "--connect", "127.0.0.1"],
+            &[
+                "--driver",
+                "tcp",
+                "--listen",
+                "127.0.0.1:0",
+                "--role",
+                "target",
+            ],
             &["--role", "initiator"],
             &["--peer", "x"],
             &["--mode", "latency", "--start-block-size", "4"],
@@ -361,6 +418,31 @@ mod tests {
             let e = cli(args).validate().unwrap_err();
             assert!(matches!(e, BenchError::Usage(_)), "{args:?}: {e}");
         }
+    }
+
+    #[test]
+    fn tcp_is_built_and_its_sides_validate() {
+        assert!(DriverKind::Tcp.is_built());
+        for args in [
+            &["--driver", "tcp"][..],
+            &["--driver", "tcp", "--listen", "127.0.0.1:0"],
+            &["--driver", "tcp", "--listen", "[::1]:7000"],
+            &["--driver", "tcp", "--connect", "localhost:7000"],
+            &["--driver", "tcp", "--connect", "[fd00::1]:7000"],
+            &["--driver", "tcp", "--mode", "latency"],
+        ] {
+            cli(args).validate().unwrap();
+        }
+        let both = Cli::try_parse_from([
+            "rfbench",
+            "--driver",
+            "tcp",
+            "--listen",
+            "127.0.0.1:0",
+            "--connect",
+            "127.0.0.1:1",
+        ]);
+        assert!(both.is_err());
     }
 
     #[test]

@@ -20,6 +20,13 @@ pub enum BenchError {
     /// The shm driver could not be created.
     #[error("creating the shm driver: {0}")]
     Shm(#[from] ringfence_shm::ShmError),
+    /// The tcp driver could not be created.
+    #[error("creating the tcp driver")]
+    Tcp(#[source] ringfence::DriverError),
+    /// The other side of the `--listen` / `--connect` bootstrap socket
+    /// sent something that is not the protocol, or broke it off.
+    #[error("bootstrap: {0}")]
+    Bootstrap(String),
     /// An operation completed with an error status.
     #[error("{op} completed with {status}")]
     Completion {

@@ -13,12 +13,42 @@
 use crate::bench::error::BenchError;
 use crate::bench::stats::{LatencyRow, Samples};
 use crate::bench::target::Connection;
-use ringfence::{QueuePair, RegisteredBuf, Worker};
+use ringfence::{EndpointId, QueuePair, RegisteredBuf, Worker};
 use ringfence_ring::{RemoteBuf, Sqe, SqeFlags, strerror};
 use std::time::{Duration, Instant};
 
 /// How long a side waits for the other's PUT before giving up.
 const HANG: Duration = Duration::from_secs(60);
+
+/// Spins on the window between two looks at the CQ (and progress rounds,
+/// when inline) where the peer's PUT lands by itself (shm, loopback).
+pub const SPINS_PER_POLL: u32 = 1024;
+
+/// Who progresses a side's worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Polling {
+    /// Another thread: the worker's core thread.
+    CoreThread,
+    /// This thread: after each PUT, and every `n`-th spin on the window.
+    /// `n` is 1 where this side's own progress carries out the peer's PUT
+    /// (tcp), [`SPINS_PER_POLL`] where the PUT lands by itself.
+    Inline(u32),
+}
+
+impl Polling {
+    /// The polling of a side over `driver`: inline or by the core thread.
+    pub fn of(driver: crate::bench::cli::DriverKind, inline: bool) -> Polling {
+        match (inline, driver.target_executes()) {
+            (false, _) => Polling::CoreThread,
+            (true, true) => Polling::Inline(1),
+            (true, false) => Polling::Inline(SPINS_PER_POLL),
+        }
+    }
+
+    fn is_inline(self) -> bool {
+        matches!(self, Polling::Inline(_))
+    }
+}
 
 /// One side of the ping-pong: a connection to the peer's window, a source
 /// buffer, and its own window that the peer writes.
@@ -28,15 +58,17 @@ pub struct Side<'w> {
     qp: QueuePair,
     src: RegisteredBuf,
     window: RegisteredBuf,
+    endpoint: EndpointId,
     ep: u32,
     remote: RemoteBuf,
-    /// This thread makes progress after each submit and while it waits.
-    inline: bool,
+    polling: Polling,
 }
 
 impl<'w> Side<'w> {
     /// Connects `worker` to the peer's window `conn`; `window` is this
     /// side's own (polled) window; PUTs are at most `max_block` bytes.
+    /// Returns at once: the endpoint may still be connecting (see
+    /// [`wait_connected`](Side::wait_connected)).
     ///
     /// # Errors
     /// Connecting, unpacking the key or allocating failed, or a window is
@@ -46,7 +78,7 @@ impl<'w> Side<'w> {
         conn: &Connection,
         window: RegisteredBuf,
         max_block: u64,
-        inline: bool,
+        polling: Polling,
     ) -> Result<Side<'w>, BenchError> {
         if conn.len < max_block || (window.len() as u64) < max_block {
             return Err(BenchError::Target(format!(
@@ -72,13 +104,23 @@ impl<'w> Side<'w> {
             qp,
             src,
             window,
+            endpoint: ep,
             ep: ep.as_raw(),
             remote: RemoteBuf {
                 rkey: rkey.as_raw(),
                 addr: conn.base,
             },
-            inline,
+            polling,
         })
+    }
+
+    /// Waits until the endpoint to the peer is up (the peer must be
+    /// progressing meanwhile).
+    ///
+    /// # Errors
+    /// The handshake failed or did not finish in time.
+    pub fn wait_connected(&self) -> Result<(), BenchError> {
+        crate::bench::wait_connected(self.worker, self.endpoint, self.polling.is_inline())
     }
 
     /// PUTs `size` bytes whose last word is `seq`.
@@ -90,7 +132,7 @@ impl<'w> Side<'w> {
             self.check_errors()?;
         }
         self.qp.submit();
-        if self.inline {
+        if self.polling.is_inline() {
             self.worker.progress();
         }
         Ok(())
@@ -98,7 +140,7 @@ impl<'w> Side<'w> {
 
     /// Reaps CQEs: with SKIP_SUCCESS, any CQE is a failed PUT.
     fn check_errors(&mut self) -> Result<(), BenchError> {
-        if self.inline {
+        if self.polling.is_inline() {
             self.worker.progress();
         }
         match self.qp.pop() {
@@ -114,13 +156,20 @@ impl<'w> Side<'w> {
     /// Spins until the word at `size - 8` of this side's window is `seq`.
     fn wait(&mut self, size: u64, seq: u64) -> Result<(), BenchError> {
         let at = size as usize - 8;
+        let every = match self.polling {
+            Polling::Inline(n) => n.max(1),
+            Polling::CoreThread => SPINS_PER_POLL,
+        };
         let mut spins = 0u32;
         let mut deadline = None;
         while self.window.load_u64(at) != seq {
-            std::hint::spin_loop();
             spins = spins.wrapping_add(1);
-            if spins % 1024 == 0 {
+            if spins % every == 0 {
                 self.check_errors()?;
+            } else {
+                std::hint::spin_loop();
+            }
+            if spins % SPINS_PER_POLL == 0 {
                 let d = *deadline.get_or_insert_with(|| Instant::now() + HANG);
                 if Instant::now() > d {
                     return Err(BenchError::Hang(format!(

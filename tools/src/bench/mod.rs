@@ -4,21 +4,27 @@
 //! latency with a ping-pong (`--mode latency`).
 //!
 //! ```text
-//!  standalone, shm:   rfbench ──spawns──▶ rfbench --role target --spawned
-//!                        │  ◀── connection string (stdout) ──┘
-//!                        │  ── prepare / verify / pong (stdin) ──▶
-//!                        └── PUT/GET/ATOMIC/NOTIFY over shm ──▶ window (memfd)
-//!  standalone, loopback: initiator and target workers in this process
+//!  standalone, shm/tcp: rfbench ──spawns──▶ rfbench --role target --spawned
+//!                          │  ◀── connection string (stdout) ──┘
+//!                          │  ── prepare / verify / pong (stdin) ──▶
+//!                          └── PUT/GET/ATOMIC/NOTIFY over shm or tcp ──▶ window
+//!  standalone, loopback:   initiator and target workers in this process
+//!  tcp, two hosts:         rfbench --connect H:P ── bootstrap socket ──▶ rfbench --listen H:P
+//!                          (HELLO, WINDOW, then the same commands in frames; DONE)
+//!                          └── PUT/GET/ATOMIC/NOTIFY over tcp (the driver's own port) ──▶ window
 //! ```
 //!
 //! - [`cli`]: the options and the sweep they describe.
 //! - [`rig`]: the initiator and the timed loop of one row.
 //! - [`target`]: the target's window, consistency checks, the child process
 //!   and its line protocol, the connection string.
+//! - [`bootstrap`]: `--listen` and `--connect`: the framed exchange on a
+//!   plain TCP socket that hands the initiator the target's window.
 //! - [`latency`]: the ping-pong.
 //! - [`stats`]: HDR histograms and rows; [`report`]: table, JSON, CSV;
 //!   [`plot`]: the SVG.
 
+pub mod bootstrap;
 pub mod cli;
 pub mod error;
 pub mod latency;
@@ -33,26 +39,53 @@ pub use error::BenchError;
 
 use cli::{DriverKind, Mode, ProgressKind, Role};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use latency::Polling;
 use report::Format;
-use ringfence::{Loopback, Worker};
+use ringfence::{EndpointId, EndpointState, Loopback, Worker};
 use ringfence_shm::Shm;
+use ringfence_tcp::Tcp;
 use stats::{LatencyRow, Row};
 use std::io::IsTerminal;
-use target::{ChildTarget, Connection, LocalTarget, RemoteTarget, Target, TargetState};
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
+use target::{ChildTarget, Commands, Connection, LocalTarget, RemoteTarget, Target, TargetState};
 
 /// SQ entries of the workers: the largest batch (128), a fence after each
 /// transfer, and a NOTIFY fit.
 const SQ_ENTRIES: u32 = 512;
 
+/// How long an endpoint may take to come up (tcp: every lane's
+/// connection and greeting) before the run gives up.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// A worker for `kind`, with `cli`'s lanes (environment overrides apply).
+/// A tcp driver listens on 127.0.0.1 (or where `RINGFENCE_TCP_ADDR` says).
 ///
 /// # Errors
 /// The driver or the worker cannot be built.
 pub fn worker(kind: DriverKind, cli: &Cli) -> Result<Worker, BenchError> {
+    worker_at(kind, cli, None)
+}
+
+/// As [`worker`]; a tcp driver listens on `ip` (any port) when given,
+/// unless `RINGFENCE_TCP_ADDR` says otherwise.
+///
+/// # Errors
+/// The driver or the worker cannot be built.
+pub fn worker_at(kind: DriverKind, cli: &Cli, ip: Option<IpAddr>) -> Result<Worker, BenchError> {
     let mut b = Worker::builder();
     match kind {
         DriverKind::Shm => b.driver(Shm::new()?),
         DriverKind::Loopback => b.driver(Loopback::new()),
+        DriverKind::Tcp => {
+            let mut tcp = Tcp::builder();
+            if let Some(ip) = ip {
+                if std::env::var_os("RINGFENCE_TCP_ADDR").is_none() {
+                    tcp = tcp.addr(SocketAddr::new(ip, 0));
+                }
+            }
+            b.driver(tcp.build().map_err(BenchError::Tcp)?)
+        }
         other => {
             return Err(BenchError::Usage(format!(
                 "driver `{}` is not built into this rfbench",
@@ -65,6 +98,39 @@ pub fn worker(kind: DriverKind, cli: &Cli) -> Result<Worker, BenchError> {
         .requests(2 * SQ_ENTRIES)
         .build()
         .map_err(BenchError::engine("building a worker"))
+}
+
+/// Waits until endpoint `ep` of `worker` is up, running progress on this
+/// thread when `progress` (else another thread does). The peer must be
+/// progressing meanwhile.
+///
+/// # Errors
+/// The endpoint failed, or was not up within 30 s.
+pub fn wait_connected(worker: &Worker, ep: EndpointId, progress: bool) -> Result<(), BenchError> {
+    let start = Instant::now();
+    loop {
+        match worker
+            .endpoint_state(ep)
+            .map_err(BenchError::engine("endpoint_state"))?
+        {
+            EndpointState::Connected => return Ok(()),
+            EndpointState::Connecting => {}
+            other => {
+                return Err(BenchError::Target(format!(
+                    "connecting to the peer worker: the endpoint is {other:?}"
+                )));
+            }
+        }
+        if start.elapsed() > CONNECT_TIMEOUT {
+            return Err(BenchError::Hang(format!(
+                "the endpoint to the peer worker was not up within {CONNECT_TIMEOUT:?}"
+            )));
+        }
+        if progress {
+            worker.progress();
+        }
+        std::thread::yield_now();
+    }
 }
 
 /// Pins the calling thread to `cpu`.
@@ -99,22 +165,31 @@ fn progress_bar(rows: u64) -> ProgressBar {
 /// Any [`BenchError`]; [`BenchError::exit_code`] gives the exit status.
 pub fn run(cli: &Cli) -> Result<(), BenchError> {
     cli.validate()?;
+    if let Some(addr) = cli.listen {
+        return bootstrap::listen(cli, addr);
+    }
+    if let Some(peer) = &cli.connect {
+        let mut session = bootstrap::SessionTarget::connect(cli, peer)?;
+        let w = worker_at(DriverKind::Tcp, cli, Some(session.local_ip()?))?;
+        let note = format!(" (target: --listen {})", session.peer_addr());
+        return match cli.mode {
+            Mode::Bandwidth => {
+                let conn = session.connection().clone();
+                let initiator = rig::Initiator::new(w, &conn, cli)?;
+                bandwidth(cli, initiator, &mut session, &note)
+            }
+            Mode::Latency => latency_remote(cli, w, &mut session, &note),
+        };
+    }
     match cli.role {
-        Role::Target => target::serve(cli, worker(DriverKind::Shm, cli)?),
+        Role::Target => target::serve(cli, worker(cli.driver, cli)?),
         Role::Initiator => {
             let conn = Connection::decode(cli.peer.as_deref().unwrap_or_default())?;
-            let initiator = rig::Initiator::new(worker(DriverKind::Shm, cli)?, &conn, cli)?;
+            let initiator = rig::Initiator::new(worker(cli.driver, cli)?, &conn, cli)?;
             bandwidth(cli, initiator, &mut RemoteTarget, "")
         }
         Role::Standalone => match (cli.driver, cli.mode) {
-            (DriverKind::Shm, Mode::Bandwidth) => {
-                let mut child = ChildTarget::spawn(cli)?;
-                let conn = child.connection.clone();
-                let initiator = rig::Initiator::new(worker(DriverKind::Shm, cli)?, &conn, cli)?;
-                bandwidth(cli, initiator, &mut child, " (target: a child process)")
-            }
-            (DriverKind::Shm, Mode::Latency) => latency_shm(cli),
-            (_, Mode::Bandwidth) => {
+            (DriverKind::Loopback, Mode::Bandwidth) => {
                 let state = TargetState::new(
                     worker(DriverKind::Loopback, cli)?,
                     cli.window_len(),
@@ -130,7 +205,22 @@ pub fn run(cli: &Cli) -> Result<(), BenchError> {
                     " (target: this process)",
                 )
             }
-            (_, Mode::Latency) => latency_loopback(cli),
+            (DriverKind::Loopback, Mode::Latency) => latency_loopback(cli),
+            (kind, Mode::Bandwidth) => {
+                let mut child = ChildTarget::spawn(cli)?;
+                let conn = child.connection.clone();
+                let initiator = rig::Initiator::new(worker(kind, cli)?, &conn, cli)?;
+                bandwidth(cli, initiator, &mut child, " (target: a child process)")
+            }
+            (kind, Mode::Latency) => {
+                let mut child = ChildTarget::spawn(cli)?;
+                latency_remote(
+                    cli,
+                    worker(kind, cli)?,
+                    &mut child,
+                    " (answering side: a child process)",
+                )
+            }
         },
     }
 }
@@ -233,8 +323,13 @@ fn latency_loopback(cli: &Cli) -> Result<(), BenchError> {
     let answering = std::thread::Builder::new()
         .name("rfbench-pong".into())
         .spawn(move || {
-            let mut side =
-                latency::Side::connect(&pong_worker, &ping_conn, pong_window, max, true)?;
+            let mut side = latency::Side::connect(
+                &pong_worker,
+                &ping_conn,
+                pong_window,
+                max,
+                Polling::of(DriverKind::Loopback, true),
+            )?;
             latency::pong(&mut side, &pong_sizes, rounds)
         })
         .map_err(BenchError::io("spawning the answering thread"))?;
@@ -249,7 +344,13 @@ fn latency_loopback(cli: &Cli) -> Result<(), BenchError> {
             .map_err(BenchError::engine("starting the core thread"))?;
     }
     let result = (|| {
-        let mut side = latency::Side::connect(&ping_worker, &pong_conn, ping_window, max, inline)?;
+        let mut side = latency::Side::connect(
+            &ping_worker,
+            &pong_conn,
+            ping_window,
+            max,
+            Polling::of(DriverKind::Loopback, inline),
+        )?;
         let printer = latency_printer(cli, " (answering side: a second thread)")?;
         latency::ping(&mut side, &sizes, cli.warmup_iter, cli.num_iter, printer)
     })();
@@ -261,25 +362,29 @@ fn latency_loopback(cli: &Cli) -> Result<(), BenchError> {
     latency_output(cli, &rows)
 }
 
-/// Latency over shm: the answering side is the child target process.
-fn latency_shm(cli: &Cli) -> Result<(), BenchError> {
+/// Latency against a target in another process (a child over shm or tcp,
+/// or a `--listen` process): it answers the ping-pong.
+fn latency_remote(
+    cli: &Cli,
+    mut w: Worker,
+    target: &mut dyn Commands,
+    note: &str,
+) -> Result<(), BenchError> {
     let sizes = cli.block_sizes();
     let max = *sizes.last().unwrap_or(&8);
-    let mut child = ChildTarget::spawn(cli)?;
-    let mut w = worker(DriverKind::Shm, cli)?;
     let window = w
         .alloc_registered(max as usize)
         .map_err(BenchError::engine("allocating a window"))?;
     let own = Connection::of(&w, &window)?;
     let words: Vec<String> = sizes.iter().map(u64::to_string).collect();
-    child.send(&format!(
+    target.send(&format!(
         "pong {} {} {} {}",
         own.encode(),
         cli.warmup_iter,
         cli.num_iter,
         words.join(" ")
     ))?;
-    child.expect_ok()?;
+    target.expect_ok()?;
     let inline = cli.progress == ProgressKind::Inline;
     if inline {
         if let Some(cpu) = cli.cpu {
@@ -289,10 +394,13 @@ fn latency_shm(cli: &Cli) -> Result<(), BenchError> {
         w.start_core_thread(cli.cpu)
             .map_err(BenchError::engine("starting the core thread"))?;
     }
-    let conn = child.connection.clone();
-    let mut side = latency::Side::connect(&w, &conn, window, max, inline)?;
-    let printer = latency_printer(cli, " (answering side: a child process)")?;
+    let conn = target.connection().clone();
+    let mut side = latency::Side::connect(&w, &conn, window, max, Polling::of(cli.driver, inline))?;
+    // The answering side progresses by now (it polls its window), so the
+    // handshake finishes; outside the clock.
+    side.wait_connected()?;
+    let printer = latency_printer(cli, note)?;
     let rows = latency::ping(&mut side, &sizes, cli.warmup_iter, cli.num_iter, printer)?;
-    child.expect_ok()?;
+    target.expect_ok()?;
     latency_output(cli, &rows)
 }

@@ -36,7 +36,8 @@ pub struct Initiator {
 
 impl Initiator {
     /// Connects `worker` to the window `conn`, with a local buffer as large
-    /// as the window, and starts the core thread if asked.
+    /// as the window, waits until the endpoint is up (tcp: every lane's
+    /// connection), and starts the core thread if asked.
     ///
     /// # Errors
     /// Connecting, unpacking, allocating or the core thread failed.
@@ -53,6 +54,8 @@ impl Initiator {
         let qp = worker
             .create_queue()
             .map_err(BenchError::engine("creating a queue pair"))?;
+        // Outside every row's clock: the handshake (tcp) is not a transfer.
+        crate::bench::wait_connected(&worker, ep, true)?;
         let inline = cli.progress == ProgressKind::Inline;
         if inline {
             if let Some(cpu) = cli.cpu {

@@ -1,7 +1,10 @@
 //! The target side: a worker exposing a window, the consistency checks it
-//! runs on that window, and the two ways the initiator reaches it: in this
-//! process ([`LocalTarget`], loopback) or a child process ([`ChildTarget`],
-//! shm) that speaks a line protocol on its standard input and output.
+//! runs on that window, and the ways the initiator reaches it: in this
+//! process ([`LocalTarget`], loopback), a child process ([`ChildTarget`],
+//! shm and tcp) that speaks a line protocol on its standard input and
+//! output, or a `--listen` process on the bootstrap socket
+//! ([`SessionTarget`](crate::bench::bootstrap::SessionTarget), tcp), which
+//! carries the same commands in frames.
 //!
 //! # Protocol (child target)
 //! The child prints its connection string ([`Connection`]) as its first
@@ -13,13 +16,15 @@
 //! | `verify OP BLOCK BATCH COUNT` | `ok`, or `err MESSAGE` |
 //! | `pong CONNECTION WARMUP ITERS SIZE...` | `ok` once connected back; `done` after the ping-pong |
 //!
-//! It exits when its standard input closes. Between commands it runs its
-//! worker's progress (incoming notifications), sleeping briefly when idle so
-//! that it leaves the CPU to the initiator.
+//! It exits when its standard input closes. Between commands it takes its
+//! incoming notifications, running its worker's progress unless a core
+//! thread does (tcp: the target carries out every request itself, so its
+//! core thread runs throughout), and sleeps briefly when idle so that it
+//! leaves the CPU to the initiator.
 
 use crate::bench::cli::{Cli, OpKind};
 use crate::bench::error::BenchError;
-use crate::bench::latency::{Side, pong};
+use crate::bench::latency::{Polling, Side, pong};
 use ringfence::{Cqe, QueuePair, RegisteredBuf, Worker};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
@@ -200,6 +205,8 @@ pub struct TargetState {
     pub window: RegisteredBuf,
     qp: QueuePair,
     corrupt: bool,
+    /// The worker's core thread runs (see [`TargetState::start_core_thread`]).
+    core_thread: bool,
     cqes: Vec<Cqe>,
 }
 
@@ -221,8 +228,42 @@ impl TargetState {
             window,
             qp,
             corrupt,
+            core_thread: false,
             cqes: vec![Cqe::default(); 64],
         })
+    }
+
+    /// Starts the worker's core thread, for a driver whose target carries
+    /// out what it is sent (tcp): from then on [`service`](Self::service)
+    /// only takes notifications, and a ping-pong stops the core thread
+    /// while this thread polls instead.
+    ///
+    /// # Errors
+    /// The core thread cannot be started.
+    pub fn start_core_thread(&mut self) -> Result<(), BenchError> {
+        self.worker
+            .start_core_thread(None)
+            .map_err(BenchError::engine("starting the target's core thread"))?;
+        self.core_thread = true;
+        Ok(())
+    }
+
+    /// Replaces the window with a new one of `len` bytes (a `--listen`
+    /// target sizes it for each initiator); the old one is deregistered.
+    ///
+    /// # Errors
+    /// The allocation failed.
+    pub fn set_window(&mut self, len: usize) -> Result<(), BenchError> {
+        let window = self
+            .worker
+            .alloc_registered(len)
+            .map_err(BenchError::engine("allocating the target window"))?;
+        let old = std::mem::replace(&mut self.window, window);
+        if let Err(e) = self.worker.deregister(old.handle()) {
+            // The memory stays allocated; nothing else is affected.
+            eprintln!("rfbench target: deregistering the previous window: {e}");
+        }
+        Ok(())
     }
 
     /// The connection string of the window.
@@ -309,7 +350,11 @@ impl TargetState {
     /// # Errors
     /// The CQ is corrupt.
     pub fn service(&mut self) -> Result<usize, BenchError> {
-        let mut total = self.worker.progress();
+        let mut total = if self.core_thread {
+            0
+        } else {
+            self.worker.progress()
+        };
         loop {
             let n = self
                 .qp
@@ -378,8 +423,52 @@ impl Target for RemoteTarget {
     }
 }
 
-/// How long the child may take to answer a command (only catches a hang).
-const ANSWER_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long a target in another process may take to answer a command
+/// (only catches a hang).
+pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A target in another process that answers the command protocol (see
+/// the module docs): a child process, or a `--listen` process.
+pub trait Commands {
+    /// The target's window.
+    fn connection(&self) -> &Connection;
+
+    /// Sends one command line.
+    ///
+    /// # Errors
+    /// The link to the target is closed.
+    fn send(&mut self, line: &str) -> Result<(), BenchError>;
+
+    /// The next answer line.
+    ///
+    /// # Errors
+    /// The target is gone, answered garbage, or did not answer within
+    /// [`ANSWER_TIMEOUT`].
+    fn answer(&mut self) -> Result<String, BenchError>;
+
+    /// Waits for `ok` (or `done`); an `err` line becomes the error it names.
+    ///
+    /// # Errors
+    /// The target's error, or it failed.
+    fn expect_ok(&mut self) -> Result<(), BenchError> {
+        let line = self.answer()?;
+        match line.split_once(' ') {
+            _ if line == "ok" || line == "done" => Ok(()),
+            Some(("err-inconsistent", m)) => Err(BenchError::Inconsistent(m.to_string())),
+            Some(("err", m)) => Err(BenchError::Target(m.to_string())),
+            _ => Err(BenchError::Target(format!("unexpected answer `{line}`"))),
+        }
+    }
+
+    /// Sends `WORD SPEC` and waits for `ok`.
+    ///
+    /// # Errors
+    /// As [`expect_ok`](Commands::expect_ok).
+    fn command(&mut self, word: &str, spec: RowSpec) -> Result<(), BenchError> {
+        self.send(&format!("{word} {}", spec.to_words()))?;
+        self.expect_ok()
+    }
+}
 
 /// A target process spawned from this binary (`--role target --spawned`).
 #[derive(Debug)]
@@ -392,14 +481,16 @@ pub struct ChildTarget {
 }
 
 impl ChildTarget {
-    /// Spawns the target for `cli`'s sweep and reads its connection string.
+    /// Spawns the target for `cli`'s sweep and driver and reads its
+    /// connection string.
     ///
     /// # Errors
     /// The child cannot be spawned, or exits or fails before printing it.
     pub fn spawn(cli: &Cli) -> Result<ChildTarget, BenchError> {
         let exe = std::env::current_exe().map_err(BenchError::io("finding rfbench's own path"))?;
         let mut cmd = Command::new(exe);
-        cmd.args(["--role", "target", "--driver", "shm", "--spawned"])
+        cmd.args(["--role", "target", "--spawned"])
+            .args(["--driver", cli.driver.name()])
             .arg("--op")
             .arg(match cli.op {
                 OpKind::Write => "write",
@@ -452,6 +543,22 @@ impl ChildTarget {
             .map_err(|_| BenchError::Target(format!("unexpected first line `{first}`")))?;
         Ok(target)
     }
+}
+
+impl Commands for ChildTarget {
+    fn connection(&self) -> &Connection {
+        &self.connection
+    }
+
+    fn send(&mut self, line: &str) -> Result<(), BenchError> {
+        let stdin = self
+            .stdin
+            .as_mut()
+            .ok_or_else(|| BenchError::Target("its standard input is closed".into()))?;
+        writeln!(stdin, "{line}")
+            .and_then(|()| stdin.flush())
+            .map_err(|e| BenchError::Target(format!("writing to it: {e}")))
+    }
 
     fn answer(&mut self) -> Result<String, BenchError> {
         match self.lines.recv_timeout(ANSWER_TIMEOUT) {
@@ -468,39 +575,6 @@ impl ChildTarget {
                 )))
             }
         }
-    }
-
-    /// Sends one command line.
-    ///
-    /// # Errors
-    /// The pipe is closed.
-    pub fn send(&mut self, line: &str) -> Result<(), BenchError> {
-        let stdin = self
-            .stdin
-            .as_mut()
-            .ok_or_else(|| BenchError::Target("its standard input is closed".into()))?;
-        writeln!(stdin, "{line}")
-            .and_then(|()| stdin.flush())
-            .map_err(|e| BenchError::Target(format!("writing to it: {e}")))
-    }
-
-    /// Waits for `ok` (or `done`); an `err` line becomes the error it names.
-    ///
-    /// # Errors
-    /// The child's error, or it failed.
-    pub fn expect_ok(&mut self) -> Result<(), BenchError> {
-        let line = self.answer()?;
-        match line.split_once(' ') {
-            _ if line == "ok" || line == "done" => Ok(()),
-            Some(("err-inconsistent", m)) => Err(BenchError::Inconsistent(m.to_string())),
-            Some(("err", m)) => Err(BenchError::Target(m.to_string())),
-            _ => Err(BenchError::Target(format!("unexpected answer `{line}`"))),
-        }
-    }
-
-    fn command(&mut self, word: &str, spec: RowSpec) -> Result<(), BenchError> {
-        self.send(&format!("{word} {}", spec.to_words()))?;
-        self.expect_ok()
     }
 }
 
@@ -534,12 +608,16 @@ impl Drop for ChildTarget {
 }
 
 /// `--role target`: prints the connection string, then serves commands from
-/// standard input (see the module docs) until it closes.
+/// standard input (see the module docs) until it closes. With tcp the
+/// worker's core thread runs throughout.
 ///
 /// # Errors
 /// The worker or window cannot be set up, or standard output fails.
 pub fn serve(cli: &Cli, worker: Worker) -> Result<(), BenchError> {
     let mut state = TargetState::new(worker, cli.window_len(), cli.corrupt_for_test)?;
+    if cli.driver.target_executes() {
+        state.start_core_thread()?;
+    }
     let conn = state.connection()?.encode();
     {
         let mut out = std::io::stdout().lock();
@@ -549,9 +627,10 @@ pub fn serve(cli: &Cli, worker: Worker) -> Result<(), BenchError> {
     }
     if !cli.spawned {
         eprintln!(
-            "rfbench target: {} B window; run `rfbench --role initiator --peer {conn}` \
+            "rfbench target: {} B window; run `rfbench --driver {} --role initiator --peer {conn}` \
              (with the same or smaller sizes); serving until standard input closes",
-            state.window.len()
+            state.window.len(),
+            cli.driver.name()
         );
     }
     let (tx, commands) = mpsc::channel::<String>();
@@ -566,6 +645,26 @@ pub fn serve(cli: &Cli, worker: Worker) -> Result<(), BenchError> {
             }
         })
         .map_err(BenchError::io("spawning the command reader"))?;
+    serve_commands(&mut state, &commands, &mut |line| {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{line}").and_then(|()| out.flush())
+    })
+}
+
+/// Where a target writes its answer lines.
+pub type AnswerSink<'a> = dyn FnMut(&str) -> std::io::Result<()> + 'a;
+
+/// Serves the commands that arrive on `commands` (see the module docs),
+/// writing each answer through `out`, until the channel's sender goes away.
+/// Between commands it takes notifications ([`TargetState::service`]).
+///
+/// # Errors
+/// The target's CQ is corrupt.
+pub fn serve_commands(
+    state: &mut TargetState,
+    commands: &mpsc::Receiver<String>,
+    out: &mut AnswerSink<'_>,
+) -> Result<(), BenchError> {
     let mut idle = 0u32;
     loop {
         let work = state.service()?;
@@ -577,14 +676,14 @@ pub fn serve(cli: &Cli, worker: Worker) -> Result<(), BenchError> {
             })
         } else {
             // Idle: leave the CPU to the initiator while waiting for a
-            // command; notifications wait in the channel meanwhile.
+            // command; notifications wait in the CQ meanwhile.
             commands.recv_timeout(Duration::from_micros(50))
         };
         match next {
             Ok(line) => {
-                let answer = handle(&mut state, &line);
-                let mut out = std::io::stdout().lock();
-                let _ = writeln!(out, "{answer}").and_then(|()| out.flush());
+                let answer = handle(state, &line, out);
+                // A peer that went away is noticed by the channel.
+                let _ = out(&answer);
                 idle = 0;
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => return Ok(()),
@@ -594,7 +693,7 @@ pub fn serve(cli: &Cli, worker: Worker) -> Result<(), BenchError> {
 }
 
 /// One command; the answer line.
-fn handle(state: &mut TargetState, line: &str) -> String {
+fn handle(state: &mut TargetState, line: &str, out: &mut AnswerSink<'_>) -> String {
     let words: Vec<&str> = line.split_whitespace().collect();
     let result = match words.split_first() {
         Some((&"prepare", rest)) => match RowSpec::from_words(rest) {
@@ -605,7 +704,7 @@ fn handle(state: &mut TargetState, line: &str) -> String {
             Some(spec) => state.verify(spec),
             None => Err(BenchError::Target(format!("malformed command `{line}`"))),
         },
-        Some((&"pong", rest)) => return pong_command(state, rest),
+        Some((&"pong", rest)) => return pong_command(state, rest, out),
         _ => Err(BenchError::Target(format!("unknown command `{line}`"))),
     };
     match result {
@@ -617,8 +716,19 @@ fn handle(state: &mut TargetState, line: &str) -> String {
 
 /// `pong CONNECTION WARMUP ITERS SIZE...`: connects back to the
 /// initiator's window, answers `ok`, runs the ping-pong, and returns `done`.
-fn pong_command(state: &mut TargetState, words: &[&str]) -> String {
-    let run = || -> Result<(), BenchError> {
+///
+/// This thread progresses the worker while it polls its window: with a
+/// core thread (tcp), the core thread stops for the ping-pong and this
+/// thread progresses at every spin, so that two threads, not three, spin
+/// on the two sides together.
+fn pong_command(state: &mut TargetState, words: &[&str], out: &mut AnswerSink<'_>) -> String {
+    let core_thread = state.core_thread;
+    let polling = if core_thread {
+        Polling::Inline(1)
+    } else {
+        Polling::Inline(crate::bench::latency::SPINS_PER_POLL)
+    };
+    let mut run = |state: &mut TargetState| -> Result<(), BenchError> {
         let [conn, warmup, iters, sizes @ ..] = words else {
             return Err(BenchError::Target("malformed pong command".into()));
         };
@@ -632,15 +742,29 @@ fn pong_command(state: &mut TargetState, words: &[&str]) -> String {
             .iter()
             .map(|s| num(s))
             .collect::<Result<Vec<_>, _>>()?;
+        if sizes.iter().any(|&s| s < 8) {
+            return Err(BenchError::Target(
+                "ping-pong sizes must be at least 8 bytes".into(),
+            ));
+        }
         let max = sizes.iter().copied().max().unwrap_or(8);
-        let mut side = Side::connect(&state.worker, &conn, state.window.clone(), max, true)?;
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "ok").and_then(|()| out.flush());
-        drop(out);
+        let mut side = Side::connect(&state.worker, &conn, state.window.clone(), max, polling)?;
+        // The endpoint may still be connecting: the initiator progresses
+        // its side only once it has this answer, and PUTs queue meanwhile.
+        out("ok").map_err(BenchError::io("answering pong"))?;
         pong(&mut side, &sizes, warmup + iters)?;
         Ok(())
     };
-    match run() {
+    if core_thread {
+        state.worker.stop_core_thread();
+    }
+    let result = run(state);
+    if core_thread {
+        if let Err(e) = state.worker.start_core_thread(None) {
+            return format!("err restarting the target's core thread: {e}");
+        }
+    }
+    match result {
         Ok(()) => "done".into(),
         Err(e) => format!("err {e}"),
     }
