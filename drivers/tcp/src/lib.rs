@@ -17,6 +17,14 @@
 //!   value); a FLUSH of a set of lanes completes when every operation posted
 //!   on them before it has been answered. NOTIFY arrives after the data
 //!   posted before it on its lane (the engine orders lanes for it).
+//! - **ACKs go out one round late.** The target's round that executes a
+//!   PUT or NOTIFY returns without sending its (cumulative) ACK; its next
+//!   progress round sends it, behind whatever the application posted in
+//!   between. An application polling the window of a ping-pong sees the
+//!   data as soon as `progress` returns, and its answer leaves before the
+//!   ACK does (8-byte one-way latency 11.2 → 5.8 µs on loopback). GET
+//!   data and atomic results are not held. A core thread never sleeps on
+//!   a held ACK (the wake descriptor stays readable).
 //! - **One doorbell per round.** `post` and `flush` only queue; `commit`
 //!   starts each connection's batch with one `sendmsg` and submits
 //!   everything with one `io_uring_enter` (none when nothing is pending).

@@ -115,21 +115,34 @@ pub(crate) struct Requests<'a> {
     pub(crate) instance: u64,
 }
 
-impl Requests<'_> {
-    /// Queues the pending cumulative ACK; `false` if there is no room.
-    pub(crate) fn flush_ack(&mut self) -> bool {
-        let Some((lane, seq)) = self.serve.ack else {
+impl Serve {
+    /// A successful PUT or NOTIFY waits for its (cumulative) ACK.
+    pub(crate) fn ack_pending(&self) -> bool {
+        self.ack.is_some()
+    }
+
+    /// Queues the pending cumulative ACK on `send`; `false` if there is
+    /// no room (it stays pending).
+    pub(crate) fn queue_ack(&mut self, send: &mut SendQueue) -> bool {
+        let Some((lane, seq)) = self.ack else {
             return true;
         };
         let ack = Header {
             seq,
             ..Header::new(Opcode::Ack, lane)
         };
-        if !self.send.push_copy(&[&ack.encode()]) {
+        if !send.push_copy(&[&ack.encode()]) {
             return false;
         }
-        self.serve.ack = None;
+        self.ack = None;
         true
+    }
+}
+
+impl Requests<'_> {
+    /// Queues the pending cumulative ACK; `false` if there is no room.
+    fn flush_ack(&mut self) -> bool {
+        self.serve.queue_ack(self.send)
     }
 
     /// Queues an answer to `h` (after the pending ACK); `false` if there is

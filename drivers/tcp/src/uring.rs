@@ -125,6 +125,10 @@ impl BufRing {
     }
 }
 
+/// Empty polls in a row before the CQ eventfd is read (see
+/// [`Uring::next`]).
+const EVENTFD_IDLE_POLLS: u32 = 64;
+
 /// The ring, its eventfd and its receive buffers.
 pub(crate) struct Uring {
     // Dropped first: the kernel lets go of the buffers before they are
@@ -134,6 +138,17 @@ pub(crate) struct Uring {
     eventfd: EventFd,
     /// The eventfd may have been written since it was last read.
     signaled: bool,
+    /// Calls of [`next`](Uring::next) in a row that found no completion
+    /// while `signaled`.
+    idle: u32,
+    /// Completions that were in the CQ when the eventfd was last read and
+    /// are not taken yet: their writes of the eventfd may be gone with
+    /// that read.
+    before_read: u32,
+    /// A completion posted after the last read of the eventfd has been
+    /// taken (or the driver wrote the eventfd itself): the eventfd is
+    /// readable until the next read.
+    readable: bool,
 }
 
 impl std::fmt::Debug for Uring {
@@ -196,6 +211,9 @@ impl Uring {
             bufs,
             eventfd,
             signaled: true,
+            idle: 0,
+            before_read: 0,
+            readable: false,
         })
     }
 
@@ -246,36 +264,83 @@ impl Uring {
         self.ring.submit_and_wait(1).map(drop)
     }
 
-    /// The next completion, if any. When there is none, the eventfd is
-    /// re-armed for a sleeper first: read if it may have been written,
-    /// then the queue checked again (a completion posted in between has
-    /// written it or is taken here).
-    pub(crate) fn next(&mut self) -> Option<cqueue::Entry> {
+    /// The next completion, if any. When there has been none for
+    /// [`EVENTFD_IDLE_POLLS`] calls in a row and `rearm` allows it, the
+    /// eventfd is re-armed for a sleeper: read if it may have been
+    /// written, then the queue checked again (a completion posted in
+    /// between has written it or is taken here).
+    ///
+    /// Why not at the first empty call: the read is a system call, and a
+    /// busy-polling ping-pong goes idle after every message, so reading
+    /// at once put a `read(2)` between every answer and the application.
+    /// Until the read the descriptor stays readable, which keeps the
+    /// wake-up contract ([`Driver::wake_fd`](ringfence::Driver::wake_fd)):
+    /// a sleeper is never left asleep with work waiting, at worst woken
+    /// once more. The core thread polls for 100 µs before it sleeps, far
+    /// more than that many rounds.
+    pub(crate) fn next(&mut self, rearm: bool) -> Option<cqueue::Entry> {
         if self.ring.completion().is_empty() && self.ring.submission().taskrun() {
             // Task work is waiting (see `new`): an enter with GETEVENTS
             // runs it and posts its completions. An error leaves it for
             // the next round.
             let _ = self.ring.submit();
         }
-        let mut cq = self.ring.completion();
-        if let Some(cqe) = cq.next() {
-            self.signaled = true;
+        let cqe = self.ring.completion().next();
+        if let Some(cqe) = cqe {
+            self.took();
             return Some(cqe);
         }
-        if !self.signaled {
+        if !self.signaled || !rearm {
             return None;
         }
-        drop(cq);
+        self.idle += 1;
+        if self.idle < EVENTFD_IDLE_POLLS {
+            return None;
+        }
         self.signaled = false;
+        self.idle = 0;
         // Nothing pending: clear the eventfd so a sleeper sleeps. A write
-        // after this read stays until the next idle call.
+        // after this read stays until the next idle read.
         let _ = self.eventfd.read();
-        let mut cq = self.ring.completion();
-        let cqe = cq.next();
+        self.readable = false;
+        let cqe = {
+            let mut cq = self.ring.completion();
+            // Posted before the read, or between it and this look: their
+            // writes may be gone (counted so, to be safe).
+            self.before_read = cq.len() as u32;
+            cq.next()
+        };
         if cqe.is_some() {
-            self.signaled = true;
+            self.took();
         }
         cqe
+    }
+
+    /// Bookkeeping of one completion taken.
+    fn took(&mut self) {
+        self.signaled = true;
+        self.idle = 0;
+        if self.before_read > 0 {
+            self.before_read -= 1;
+        } else {
+            // Posted after the last read: its write is still there.
+            self.readable = true;
+        }
+    }
+
+    /// Makes sure the eventfd is readable until the next read (see
+    /// [`next`](Uring::next)): it is already when a completion posted
+    /// since the last read was taken; otherwise this writes it (a system
+    /// call). For work the driver holds back to a later round, which a
+    /// sleeping core thread must wake up for.
+    pub(crate) fn keep_readable(&mut self) {
+        if self.readable {
+            return;
+        }
+        if self.eventfd.write(1).is_ok() {
+            self.readable = true;
+            self.signaled = true;
+        }
     }
 
     /// Receive buffer `bid`'s first `len` bytes (what a receive completion
@@ -330,5 +395,55 @@ mod tests {
         }
         assert_eq!(parse_user_data(0), None);
         assert_eq!(parse_user_data(u64::MAX), None);
+    }
+
+    /// The eventfd's count, and the eventfd read to zero.
+    fn drain(u: &Uring) -> u64 {
+        u.eventfd.read().unwrap_or(0)
+    }
+
+    fn nop(u: &mut Uring) {
+        let nop = io_uring::opcode::Nop::new().build().user_data(7);
+        // SAFETY: a NOP names no memory.
+        unsafe { u.push(&nop) }.unwrap();
+        u.submit().unwrap();
+    }
+
+    #[test]
+    fn the_eventfd_is_read_only_after_idle_polls_and_kept_readable_on_demand() {
+        let mut u = Uring::new(8, 2, 4096).unwrap();
+        let rearm = |u: &mut Uring| {
+            for _ in 0..EVENTFD_IDLE_POLLS {
+                assert!(u.next(true).is_none());
+            }
+        };
+        // Idle polls re-arm (read) the eventfd; nothing has written it
+        // since, so keep_readable writes it.
+        rearm(&mut u);
+        u.keep_readable();
+        assert_eq!(drain(&u), 1, "keep_readable did not write");
+        // A completion posted after the read has written it: keep_readable
+        // adds nothing.
+        rearm(&mut u);
+        nop(&mut u);
+        assert_eq!(u.next(true).map(|c| c.user_data()), Some(7));
+        u.keep_readable();
+        assert_eq!(drain(&u), 1, "keep_readable wrote although the NOP had");
+        // While the caller holds work back (`rearm` false) it is never
+        // read, however long idle: the NOP's write stays.
+        rearm(&mut u);
+        nop(&mut u);
+        assert_eq!(u.next(false).map(|c| c.user_data()), Some(7));
+        for _ in 0..4 * EVENTFD_IDLE_POLLS {
+            assert!(u.next(false).is_none());
+        }
+        assert_eq!(drain(&u), 1, "read while held back");
+        // Short of the count, an idle poll does not read either.
+        nop(&mut u);
+        assert!(u.next(true).is_some());
+        for _ in 0..EVENTFD_IDLE_POLLS - 1 {
+            assert!(u.next(true).is_none());
+        }
+        assert_eq!(drain(&u), 1, "read before EVENTFD_IDLE_POLLS empty polls");
     }
 }

@@ -564,3 +564,59 @@ fn a_dead_target_fails_every_request_once_and_the_worker_serves_others() {
     window.read(0, &mut got);
     assert_eq!(&got, b"still here");
 }
+
+/// The target's ACKs wait one round (the round that lands a PUT returns
+/// at once): a target whose core thread falls asleep right after that
+/// round must still send them. 300 times: the target's core thread asleep,
+/// then a PUT and a FLUSH from the initiator, which must both complete
+/// (the timeout only catches a hang), with the bytes in place.
+#[test]
+fn a_sleeping_target_core_thread_still_acknowledges_every_put() {
+    let mut p = pair(4096, 1);
+    p.target.start_core_thread(None).unwrap();
+    let mut qp = p.initiator.create_queue().unwrap();
+    let src = p.initiator.alloc_registered(4096).unwrap();
+    let remote = RemoteBuf {
+        rkey: p.rkey.as_raw(),
+        addr: p.window.addr(),
+    };
+    for i in 0..300u64 {
+        // Until the core thread has gone to sleep (bounded, yielding).
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !p.target.is_core_thread_asleep() {
+            assert!(Instant::now() < deadline, "the core thread never slept");
+            p.initiator.progress();
+            std::thread::yield_now();
+        }
+        src.store_u64(0, i);
+        let sqes = [
+            Sqe::put(p.ep.as_raw(), src.local(0), remote, 8).with_user_data(1),
+            Sqe::flush(p.ep.as_raw()).with_user_data(2),
+        ];
+        let mut pushed = 0;
+        let mut got = Vec::new();
+        while got.len() < 2 {
+            if pushed < sqes.len() {
+                pushed += qp.push_batch(&sqes[pushed..]).unwrap();
+                qp.submit();
+            }
+            p.initiator.progress();
+            let mut batch = [Cqe::default(); 4];
+            let n = qp.reap(&mut batch).unwrap();
+            got.extend_from_slice(&batch[..n]);
+            assert!(
+                Instant::now() < deadline,
+                "round {i}: {} of 2 completions",
+                got.len()
+            );
+            std::thread::yield_now();
+        }
+        assert_eq!(
+            got.iter().map(|c| (c.user_data, c.res)).collect::<Vec<_>>(),
+            [(1, 8), (2, 0)],
+            "round {i}"
+        );
+        assert_eq!(p.window.load_u64(0), i);
+    }
+    assert!(p.target.core_thread_sleeps() >= 300);
+}
