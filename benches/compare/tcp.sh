@@ -8,7 +8,8 @@
 #
 # Each round runs, one after the other:
 #   1. the criterion bench `tcp` (put_bw 64 KiB and 1 MiB on 1 and 4 lanes,
-#      put_rate_8B, put_lat_8B, fence_4lanes), with short warm-up and
+#      put_rate_8B, put_lat_8B, fence_4lanes) and `tcp_send` (plain against
+#      zero-copy io_uring send, 64 KiB and 1 MiB), with short warm-up and
 #      measurement times;
 #   2. iperf3 with 1 stream and with 4 (-P 4): the kernel's own TCP ceiling;
 #   3. ucx_perftest over UCX's tcp transport (UCX_TLS=tcp,
@@ -37,7 +38,7 @@ trap peer_cleanup EXIT
 peer_ensure
 
 echo "building the bench ..." >&2
-cargo bench -p ringfence-benches --bench tcp --no-run >"$OUT/build.log" 2>&1 \
+cargo bench -p ringfence-benches --bench tcp --bench tcp_send --no-run >"$OUT/build.log" 2>&1 \
     || { cat "$OUT/build.log" >&2; exit 1; }
 
 # criterion's median for one benchmark id, in ns per iteration.
@@ -63,7 +64,7 @@ for round in $(seq 1 "$ROUNDS"); do
         || { tail -30 "$OUT/criterion.$round.log" >&2; exit 1; }
     for lanes in 1 4; do
         for size in 65536 1048576; do
-            ns=$(median_ns "put_bw/ringfence_tcp/${lanes}_lanes/$size")
+            ns=$(median_ns "put_bw/ringfence_tcp_${lanes}_lanes/$size")
             record "rf_put_bw_${size}_${lanes}lanes_GBps" "$(python3 -c "print($size / $ns)")"
         done
     done
@@ -74,6 +75,15 @@ for round in $(seq 1 "$ROUNDS"); do
     for f in no_fence strong_every_8 flush_every_8; do
         ns=$(median_ns "fence_4lanes/$f")
         record "rf_fence_4lanes_${f}_ns" "$ns"
+    done
+    cargo bench -p ringfence-benches --bench tcp_send -- \
+        --warm-up-time "$WARMUP" --measurement-time "$MEASURE" >"$OUT/tcp_send.$round.log" 2>&1 \
+        || { tail -30 "$OUT/tcp_send.$round.log" >&2; exit 1; }
+    for mode in plain zerocopy; do
+        for size in 65536 1048576; do
+            ns=$(median_ns "loopback_send/$mode/$size")
+            record "send_${mode}_${size}_GBps" "$(python3 -c "print($size / $ns)")"
+        done
     done
 
     echo "== round $round of $ROUNDS: iperf3, UCX tcp"
@@ -111,6 +121,9 @@ base = m["rf_fence_4lanes_no_fence_ns"]
 for f in ("strong_every_8", "flush_every_8"):
     v = m[f"rf_fence_4lanes_{f}_ns"]
     print(f"{'fence_4lanes ' + f + ' (ns/PUT)':<34}{v:>11.1f}{base:>10.1f}  {v / base:.2f} (no_fence; lower is better)")
+for size in (65536, 1048576):
+    zc, plain = m[f"send_zerocopy_{size}_GBps"], m[f"send_plain_{size}_GBps"]
+    print(f"{'send ' + str(size) + ' B zero-copy':<34}{zc:>11.3f}{plain:>10.3f}  {zc / plain:.2f} (plain send; higher is better)")
 print("\nper round:")
 for k in sorted(rows):
     print(f"  {k:<32}" + "  ".join(f"{v:.3f}" for v in rows[k]))
