@@ -33,13 +33,12 @@
 
 use criterion::{BenchmarkId, Criterion, Throughput};
 use ringfence::{QueuePair, RegisteredBuf, RkeyId, Worker};
+use ringfence_benches::peer::{Peer, recv, send, socket_of_peer};
 use ringfence_ring::{Cqe, RemoteBuf, Sqe, SqeFlags};
 use ringfence_shm::Shm;
 use std::hint::{black_box, spin_loop};
-use std::io::{Read, Write};
-use std::os::fd::OwnedFd;
+use std::io::Read;
 use std::os::unix::net::UnixStream;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const ROLE_ENV: &str = "RINGFENCE_BENCH_SHM_ROLE";
@@ -49,19 +48,6 @@ const BATCH: usize = 32;
 /// Only catches a hang.
 const HANG: Duration = Duration::from_secs(120);
 
-fn send(s: &mut UnixStream, bytes: &[u8]) {
-    s.write_all(&(bytes.len() as u32).to_le_bytes()).unwrap();
-    s.write_all(bytes).unwrap();
-}
-
-fn recv(s: &mut UnixStream) -> Vec<u8> {
-    let mut len = [0u8; 4];
-    s.read_exact(&mut len).unwrap();
-    let mut out = vec![0u8; u32::from_le_bytes(len) as usize];
-    s.read_exact(&mut out).unwrap();
-    out
-}
-
 fn worker() -> Worker {
     Worker::builder()
         .driver(Shm::new().expect("shm driver"))
@@ -69,32 +55,6 @@ fn worker() -> Worker {
         .ignore_env()
         .build()
         .expect("worker")
-}
-
-/// The peer process.
-struct Peer {
-    process: std::process::Child,
-    socket: UnixStream,
-}
-
-impl Peer {
-    fn spawn(role: &str) -> Peer {
-        let (socket, theirs) = UnixStream::pair().unwrap();
-        let process = Command::new(std::env::current_exe().unwrap())
-            .env(ROLE_ENV, role)
-            .stdin(Stdio::from(OwnedFd::from(theirs)))
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("spawning the peer process");
-        Peer { process, socket }
-    }
-}
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        let _ = self.process.kill();
-        let _ = self.process.wait();
-    }
 }
 
 /// An initiator connected to a peer's window.
@@ -204,7 +164,7 @@ impl Link {
 }
 
 fn put_groups(c: &mut Criterion) {
-    let mut peer = Peer::spawn("target");
+    let mut peer = Peer::spawn(ROLE_ENV, "target");
     let (mut link, _) = Link::connect(&mut peer.socket, 2 << 20);
     for len in SIZES {
         link.check(len.min(64 << 10));
@@ -255,7 +215,7 @@ fn latency_group(c: &mut Criterion) {
     let mut group = c.benchmark_group("put_lat_8B");
     // Through the ring (push, submit, progress), then with `try_now`.
     for (name, now) in [("ringfence_shm", false), ("ringfence_shm_now", true)] {
-        let mut peer = Peer::spawn(if now { "pong-now" } else { "pong" });
+        let mut peer = Peer::spawn(ROLE_ENV, if now { "pong-now" } else { "pong" });
         let (mut link, _) = Link::connect(&mut peer.socket, 4096);
         // Our window for the answers, for the peer to connect to.
         let window = link.worker.alloc_registered(4096).unwrap();
@@ -332,8 +292,7 @@ fn pause(spins: u64) {
 
 /// The peer: a window; for `pong`, answers every sequence number.
 fn peer_main(role: &str) {
-    let fd = std::io::stdin().lock();
-    let mut socket = UnixStream::from(std::os::fd::AsFd::as_fd(&fd).try_clone_to_owned().unwrap());
+    let mut socket = socket_of_peer();
     let w = worker();
     let window = w.alloc_registered(2 << 20).unwrap();
     send(&mut socket, w.address());

@@ -41,13 +41,12 @@
 
 use criterion::{BenchmarkId, Criterion, Throughput};
 use ringfence::{EndpointState, QueuePair, RegisteredBuf, Worker};
+use ringfence_benches::peer::{Peer, recv, send, socket_of_peer};
 use ringfence_ring::{Cqe, FenceMode, RemoteBuf, Sqe, SqeFlags};
 use ringfence_tcp::Tcp;
 use std::hint::{black_box, spin_loop};
 use std::io::{ErrorKind, Read, Write};
-use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const ROLE_ENV: &str = "RINGFENCE_BENCH_TCP_ROLE";
@@ -62,19 +61,6 @@ const DEPTH: u64 = 128;
 const HANG: Duration = Duration::from_secs(120);
 /// The window (and the source buffer) in bytes.
 const WINDOW: usize = 2 << 20;
-
-fn send(s: &mut UnixStream, bytes: &[u8]) {
-    s.write_all(&(bytes.len() as u32).to_le_bytes()).unwrap();
-    s.write_all(bytes).unwrap();
-}
-
-fn recv(s: &mut UnixStream) -> Vec<u8> {
-    let mut len = [0u8; 4];
-    s.read_exact(&mut len).unwrap();
-    let mut out = vec![0u8; u32::from_le_bytes(len) as usize];
-    s.read_exact(&mut out).unwrap();
-    out
-}
 
 /// Runs `worker`'s progress until one byte arrives on `socket` (the other
 /// process's "go on"), so that the other process can connect to it
@@ -110,32 +96,6 @@ fn worker(threshold: u32) -> Worker {
         .ignore_env()
         .build()
         .expect("worker")
-}
-
-/// The peer process.
-struct Peer {
-    process: std::process::Child,
-    socket: UnixStream,
-}
-
-impl Peer {
-    fn spawn(role: &str) -> Peer {
-        let (socket, theirs) = UnixStream::pair().unwrap();
-        let process = Command::new(std::env::current_exe().unwrap())
-            .env(ROLE_ENV, role)
-            .stdin(Stdio::from(OwnedFd::from(theirs)))
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("spawning the peer process");
-        Peer { process, socket }
-    }
-}
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        let _ = self.process.kill();
-        let _ = self.process.wait();
-    }
 }
 
 /// An initiator connected to a peer's window.
@@ -264,7 +224,7 @@ impl Link {
 
 fn bw_groups(c: &mut Criterion) {
     for lanes in [1u8, 4] {
-        let mut peer = Peer::spawn("target");
+        let mut peer = Peer::spawn(ROLE_ENV, "target");
         let mut link = Link::connect(worker(8 << 10), &mut peer.socket, lanes);
         for len in [8, 4096, 64 << 10, 1 << 20] {
             link.check(len, 20);
@@ -300,7 +260,7 @@ fn bw_groups(c: &mut Criterion) {
 
 fn latency_group(c: &mut Criterion) {
     let mut group = c.benchmark_group("put_lat_8B");
-    let mut peer = Peer::spawn("pong");
+    let mut peer = Peer::spawn(ROLE_ENV, "pong");
     let mut link = Link::connect(worker(8 << 10), &mut peer.socket, 1);
     // Our window for the answers, for the peer to connect to; the peer
     // connects while this process progresses.
@@ -420,7 +380,7 @@ impl Link {
 fn fence_group(c: &mut Criterion) {
     let mut group = c.benchmark_group("fence_4lanes");
     group.throughput(Throughput::Elements(1));
-    let mut peer = Peer::spawn("target");
+    let mut peer = Peer::spawn(ROLE_ENV, "target");
     // Every PUT is a bandwidth PUT: they spread over lanes 1 to 3.
     let mut link = Link::connect(worker(1), &mut peer.socket, 4);
     for (name, fence) in [
@@ -451,8 +411,7 @@ fn pause(spins: u64) {
 /// The peer: a window; `target` serves it from a core thread until the
 /// bench closes the socket; `pong` answers every sequence number.
 fn peer_main(role: &str) {
-    let fd = std::io::stdin().lock();
-    let mut socket = UnixStream::from(std::os::fd::AsFd::as_fd(&fd).try_clone_to_owned().unwrap());
+    let mut socket = socket_of_peer();
     let mut w = worker(8 << 10);
     let window = w.alloc_registered(WINDOW).unwrap();
     if role == "target" {

@@ -1,7 +1,10 @@
 //! `rfbench` from the outside: the built binary, its exit status and its
 //! output. Small sweeps keep the suite fast on two cores.
 
+mod common;
+
 use assert_cmd::Command;
+use common::finish;
 
 fn rfbench() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_rfbench"));
@@ -222,52 +225,11 @@ fn bad_arguments_are_a_clear_message_and_status_2() {
 /// A `--listen` target on 127.0.0.1 (any port) and the address its first
 /// line of standard output names.
 fn listening_target(extra: &[&str]) -> (std::process::Child, String) {
-    use std::io::BufRead;
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_rfbench"));
-    for (k, _) in std::env::vars() {
-        if k.starts_with("RINGFENCE_") {
-            cmd.env_remove(k);
-        }
-    }
-    let mut child = cmd
-        .args(["--driver", "tcp", "--listen", "127.0.0.1:0"])
-        .args(extra)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut first = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut first)
-        .unwrap();
-    let addr = first
-        .trim()
-        .strip_prefix("rfbench: listening on ")
-        .unwrap_or_else(|| panic!("first line `{first}`"))
-        .to_string();
-    (child, addr)
-}
-
-/// Waits for `child` (only catches a hang) and returns its status and
-/// standard error.
-fn finish(mut child: std::process::Child) -> (std::process::ExitStatus, String) {
-    use std::io::Read;
-    let mut stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut err = String::new();
-        let _ = stderr.read_to_string(&mut err);
-        let _ = tx.send(err);
-    });
-    // Standard error closes when the process exits.
-    let err = match rx.recv_timeout(std::time::Duration::from_secs(60)) {
-        Ok(err) => err,
-        Err(_) => {
-            let _ = child.kill();
-            panic!("the --listen target did not exit");
-        }
-    };
-    (child.wait().unwrap(), err)
+    common::listening(
+        std::process::Command::new(env!("CARGO_BIN_EXE_rfbench"))
+            .args(["--driver", "tcp", "--listen", "127.0.0.1:0"])
+            .args(extra),
+    )
 }
 
 #[test]

@@ -9,48 +9,26 @@
 #[path = "../../drivers/tcp/tests/netns/mod.rs"]
 mod netns;
 
-use std::io::{BufRead, BufReader, Read};
-use std::process::{Child, Command, Output, Stdio};
+mod common;
+
+use common::{HANG, clean, finish};
+use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
-use std::time::Duration;
-
-/// Only catches a hang.
-const HANG: Duration = Duration::from_secs(120);
-
-/// Steers a command by its arguments alone.
-fn clean(cmd: &mut Command) -> &mut Command {
-    for (k, _) in std::env::vars() {
-        if k.starts_with("RINGFENCE_") {
-            cmd.env_remove(k);
-        }
-    }
-    cmd
-}
 
 /// A `--listen` target on `host` at `ip` (any port), and the address its
 /// first line names.
 fn listen(host: &netns::Host, ip: &str) -> (Child, String) {
-    let mut child = clean(&mut host.command(env!("CARGO_BIN_EXE_rfbench")))
-        .args(["--driver", "tcp", "--listen", &format!("{ip}:0")])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut first = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut first)
-        .unwrap();
-    let addr = first
-        .trim()
-        .strip_prefix("rfbench: listening on ")
-        .unwrap_or_else(|| panic!("first line `{first}`"))
-        .to_string();
-    (child, addr)
+    common::listening(host.command(env!("CARGO_BIN_EXE_rfbench")).args([
+        "--driver",
+        "tcp",
+        "--listen",
+        &format!("{ip}:0"),
+    ]))
 }
 
-/// `rfbench` with `args` on `host`; its output once it exited (a hang is
-/// killed and fails the test).
-fn run_on(host: &netns::Host, args: &[&str]) -> Output {
+/// `rfbench` with `args` on `host`, which must succeed; its standard
+/// output once it exited (a hang is killed and fails the test).
+fn run_on(host: &netns::Host, args: &[&str]) -> String {
     let child = clean(&mut host.command(env!("CARGO_BIN_EXE_rfbench")))
         .args(args)
         .stdout(Stdio::piped())
@@ -62,32 +40,20 @@ fn run_on(host: &netns::Host, args: &[&str]) -> Output {
     std::thread::spawn(move || {
         let _ = tx.send(child.wait_with_output());
     });
-    match rx.recv_timeout(HANG) {
+    let out = match rx.recv_timeout(HANG) {
         Ok(out) => out.unwrap(),
         Err(_) => {
             let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
             panic!("rfbench {args:?} hung");
         }
-    }
-}
-
-/// Waits for a `--listen` target to exit; its status and standard error.
-fn finish(mut child: Child) -> (std::process::ExitStatus, String) {
-    let mut stderr = child.stderr.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut err = String::new();
-        let _ = stderr.read_to_string(&mut err);
-        let _ = tx.send(err);
-    });
-    let err = match rx.recv_timeout(HANG) {
-        Ok(err) => err,
-        Err(_) => {
-            let _ = child.kill();
-            panic!("the --listen target did not exit");
-        }
     };
-    (child.wait().unwrap(), err)
+    assert!(
+        out.status.success(),
+        "rfbench {args:?}: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 fn rows(table: &str) -> usize {
@@ -126,14 +92,7 @@ fn listen_on_one_host_and_connect_from_another() {
                 "--notify",
             ],
         );
-        let table = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{ip}: {}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert_eq!(rows(&table), 18 * 3, "{ip}:\n{table}");
+        assert_eq!(rows(&out), 18 * 3, "{ip}:\n{out}");
         let (status, err) = finish(target);
         assert!(status.success(), "{ip}: {status}: {err}");
 
@@ -154,13 +113,7 @@ fn listen_on_one_host_and_connect_from_another() {
                 "200",
             ],
         );
-        assert!(
-            out.status.success(),
-            "{ip}: {}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert_eq!(rows(&String::from_utf8_lossy(&out.stdout)), 10, "{ip}");
+        assert_eq!(rows(&out), 10, "{ip}:\n{out}");
         let (status, err) = finish(target);
         assert!(status.success(), "{ip}: {status}: {err}");
     }

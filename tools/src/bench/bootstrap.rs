@@ -24,9 +24,7 @@
 
 use crate::bench::cli::{Cli, DriverKind};
 use crate::bench::error::BenchError;
-use crate::bench::target::{
-    ANSWER_TIMEOUT, Commands, Connection, RowSpec, Target, TargetState, serve_commands,
-};
+use crate::bench::target::{ANSWER_TIMEOUT, Commands, Connection, TargetState, serve_commands};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::mpsc;
@@ -324,18 +322,6 @@ impl Commands for SessionTarget {
                 "reading from the target: {e}"
             ))),
         }
-    }
-}
-
-impl Target for SessionTarget {
-    fn prepare(&mut self, spec: RowSpec) -> Result<(), BenchError> {
-        self.command("prepare", spec)
-    }
-    fn verify(&mut self, spec: RowSpec) -> Result<(), BenchError> {
-        self.command("verify", spec)
-    }
-    fn service(&mut self) -> Result<(), BenchError> {
-        Ok(())
     }
 }
 

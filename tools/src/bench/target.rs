@@ -578,7 +578,9 @@ impl Commands for ChildTarget {
     }
 }
 
-impl Target for ChildTarget {
+/// A target in another process runs the checks when asked, and takes its
+/// notifications by itself.
+impl<T: Commands> Target for T {
     fn prepare(&mut self, spec: RowSpec) -> Result<(), BenchError> {
         self.command("prepare", spec)
     }
