@@ -213,7 +213,7 @@ fn serve_session(state: &mut TargetState, socket: TcpStream) -> Result<(), Bench
 }
 
 /// `--connect ADDR:PORT`: the initiator's end of the bootstrap socket, a
-/// [`Target`] whose commands go over it.
+/// [`Target`](crate::bench::target::Target) whose commands go over it.
 #[derive(Debug)]
 pub struct SessionTarget {
     socket: TcpStream,
