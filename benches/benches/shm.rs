@@ -32,21 +32,17 @@
 //! Run: `cargo bench -p ringfence-benches --bench shm`.
 
 use criterion::{BenchmarkId, Criterion, Throughput};
-use ringfence::{QueuePair, RegisteredBuf, RkeyId, Worker};
+use ringfence::Worker;
+use ringfence_benches::link::Link;
 use ringfence_benches::peer::{Peer, recv, send, socket_of_peer};
-use ringfence_ring::{Cqe, RemoteBuf, Sqe, SqeFlags};
 use ringfence_shm::Shm;
 use std::hint::{black_box, spin_loop};
 use std::io::Read;
 use std::os::unix::net::UnixStream;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 const ROLE_ENV: &str = "RINGFENCE_BENCH_SHM_ROLE";
 const SIZES: [usize; 4] = [8, 4 << 10, 64 << 10, 1 << 20];
-/// PUTs pushed per submit.
-const BATCH: usize = 32;
-/// Only catches a hang.
-const HANG: Duration = Duration::from_secs(120);
 
 fn worker() -> Worker {
     Worker::builder()
@@ -57,117 +53,22 @@ fn worker() -> Worker {
         .expect("worker")
 }
 
-/// An initiator connected to a peer's window.
-struct Link {
-    worker: Worker,
-    qp: QueuePair,
-    src: RegisteredBuf,
-    remote: RemoteBuf,
-    ep: u32,
-    /// The ping-pong's PUT: the first 8 bytes of `src` to the start of the
-    /// peer's window (built once, as `ucx_perftest` builds its parameters).
-    put8: Sqe,
-}
-
-impl Link {
-    /// Connects to the window whose address, key and base come next on
-    /// `socket`.
-    fn connect(socket: &mut UnixStream, src_len: usize) -> (Link, RkeyId) {
-        let (address, key) = (recv(socket), recv(socket));
-        let base = u64::from_le_bytes(recv(socket).try_into().unwrap());
-        let worker = worker();
-        let ep = worker.connect(&address).unwrap();
-        let rkey = worker.unpack_rkey(ep, &key).unwrap();
-        let src = worker.alloc_registered(src_len).unwrap();
-        let qp = worker.create_queue().unwrap();
-        let remote = RemoteBuf {
-            rkey: rkey.as_raw(),
-            addr: base,
-        };
-        let put8 =
-            Sqe::put(ep.as_raw(), src.local(0), remote, 8).with_flags(SqeFlags::SKIP_SUCCESS);
-        (
-            Link {
-                worker,
-                qp,
-                src,
-                remote,
-                ep: ep.as_raw(),
-                put8,
-            },
-            rkey,
-        )
-    }
-
-    /// Runs progress until one CQE comes; returns it.
-    fn one_cqe(&mut self) -> Cqe {
-        let deadline = Instant::now() + HANG;
-        loop {
-            self.worker.progress();
-            if let Some(c) = self.qp.pop().unwrap() {
-                return c;
-            }
-            assert!(Instant::now() < deadline, "no completion");
-        }
-    }
-
-    /// `count` PUTs of `len` bytes, all SKIP_SUCCESS, then a FLUSH that must
-    /// be the only CQE.
-    fn puts(&mut self, count: u64, len: usize) {
-        let put = Sqe::put(self.ep, self.src.local(0), self.remote, len as u32)
-            .with_flags(SqeFlags::SKIP_SUCCESS);
-        let batch = [put; BATCH];
-        let mut left = count;
-        while left > 0 {
-            let n = self
-                .qp
-                .push_batch(&batch[..left.min(BATCH as u64) as usize])
-                .unwrap();
-            self.qp.submit();
-            self.worker.progress();
-            left -= n as u64;
-        }
-        self.qp
-            .push(Sqe::flush(self.ep).with_user_data(u64::MAX))
-            .unwrap();
-        self.qp.submit();
-        let c = self.one_cqe();
-        assert_eq!((c.user_data, c.res), (u64::MAX, 0), "a PUT failed: {c:?}");
-    }
-
-    /// 1,000 PUTs of a pattern, each read back with GET and compared.
-    fn check(&mut self, len: usize) {
-        for i in 0..1000u64 {
-            let data: Vec<u8> = (0..len).map(|k| (k as u64 * 31 + i) as u8).collect();
-            self.src.write(0, &data);
-            self.qp
-                .push(
-                    Sqe::put(self.ep, self.src.local(0), self.remote, len as u32).with_user_data(1),
-                )
-                .unwrap();
-            self.qp
-                .push(
-                    Sqe::get(self.ep, self.src.local(len as u64), self.remote, len as u32)
-                        .with_user_data(2),
-                )
-                .unwrap();
-            self.qp.submit();
-            for _ in 0..2 {
-                let c = self.one_cqe();
-                assert_eq!(c.res, len as i32, "{c:?}");
-            }
-            let mut back = vec![0u8; len];
-            self.src.read(len, &mut back);
-            assert!(back == data, "GET read other bytes than the PUT wrote");
-        }
-    }
+/// Connects to the window whose address, key and base come next on
+/// `socket`, with a source buffer of `src_len` bytes.
+fn connect(socket: &mut UnixStream, src_len: usize) -> Link {
+    let (address, key) = (recv(socket), recv(socket));
+    let base = u64::from_le_bytes(recv(socket).try_into().unwrap());
+    let worker = worker();
+    let ep = worker.connect(&address).unwrap();
+    let rkey = worker.unpack_rkey(ep, &key).unwrap();
+    Link::new(worker, ep, rkey, base, src_len)
 }
 
 fn put_groups(c: &mut Criterion) {
     let mut peer = Peer::spawn(ROLE_ENV, "target");
-    let (mut link, _) = Link::connect(&mut peer.socket, 2 << 20);
+    let mut link = connect(&mut peer.socket, 2 << 20);
     for len in SIZES {
-        link.check(len.min(64 << 10));
+        link.check(len.min(64 << 10), 1000);
     }
 
     let mut group = c.benchmark_group("put_bw");
@@ -216,7 +117,7 @@ fn latency_group(c: &mut Criterion) {
     // Through the ring (push, submit, progress), then with `try_now`.
     for (name, now) in [("ringfence_shm", false), ("ringfence_shm_now", true)] {
         let mut peer = Peer::spawn(ROLE_ENV, if now { "pong-now" } else { "pong" });
-        let (mut link, _) = Link::connect(&mut peer.socket, 4096);
+        let mut link = connect(&mut peer.socket, 4096);
         // Our window for the answers, for the peer to connect to.
         let window = link.worker.alloc_registered(4096).unwrap();
         send(&mut peer.socket, link.worker.address());
@@ -259,25 +160,6 @@ fn latency_group(c: &mut Criterion) {
     group.finish();
 }
 
-impl Link {
-    /// One 8-byte PUT of `seq` to the start of the peer's window: with
-    /// `try_now` if `now` (through the ring if that declines), or pushed,
-    /// submitted and run by one progress round.
-    fn put_seq(&mut self, seq: u64, now: bool) {
-        self.src.store_u64(0, seq);
-        let put = self.put8;
-        if now {
-            if let Some(result) = self.qp.try_now(&put) {
-                assert_eq!(result, Ok(8));
-                return;
-            }
-        }
-        self.qp.push(put).unwrap();
-        self.qp.submit();
-        self.worker.progress();
-    }
-}
-
 /// One idle round of a ping-pong wait: spin first (an answer normally
 /// comes within a few hundred spins), then yield, so that when both
 /// processes land on one vCPU (anything else running on a two-vCPU
@@ -304,7 +186,7 @@ fn peer_main(role: &str) {
         return;
     }
     let now = role == "pong-now";
-    let (mut back, _) = Link::connect(&mut socket, 4096);
+    let mut back = connect(&mut socket, 4096);
     loop {
         let mut seen = window.load_u64(0);
         let mut spins = 0u64;

@@ -40,7 +40,8 @@
 //! Run: `cargo bench -p ringfence-benches --bench tcp`.
 
 use criterion::{BenchmarkId, Criterion, Throughput};
-use ringfence::{EndpointState, QueuePair, RegisteredBuf, Worker};
+use ringfence::{EndpointState, Worker};
+use ringfence_benches::link::{HANG, Link};
 use ringfence_benches::peer::{Peer, recv, send, socket_of_peer};
 use ringfence_ring::{Cqe, FenceMode, RemoteBuf, Sqe, SqeFlags};
 use ringfence_tcp::Tcp;
@@ -51,14 +52,10 @@ use std::time::{Duration, Instant};
 
 const ROLE_ENV: &str = "RINGFENCE_BENCH_TCP_ROLE";
 const BW_SIZES: [usize; 2] = [64 << 10, 1 << 20];
-/// PUTs pushed per submit.
-const BATCH: usize = 32;
 /// The fence group: PUT size, PUTs per fence, PUTs in flight.
 const FENCE_LEN: u32 = 64;
 const EVERY: u64 = 8;
 const DEPTH: u64 = 128;
-/// Only catches a hang.
-const HANG: Duration = Duration::from_secs(120);
 /// The window (and the source buffer) in bytes.
 const WINDOW: usize = 2 << 20;
 
@@ -98,134 +95,28 @@ fn worker(threshold: u32) -> Worker {
         .expect("worker")
 }
 
-/// An initiator connected to a peer's window.
-struct Link {
-    worker: Worker,
-    qp: QueuePair,
-    src: RegisteredBuf,
-    remote: RemoteBuf,
-    ep: u32,
-    /// The ping-pong's PUT: the first 8 bytes of `src` to the start of the
-    /// peer's window.
-    put8: Sqe,
-}
-
-impl Link {
-    /// Connects an endpoint of `lanes` lanes to the window whose address,
-    /// key and base come next on `socket` (the peer makes progress
-    /// meanwhile: a core thread, or a loop waiting for our byte).
-    fn connect(worker: Worker, socket: &mut UnixStream, lanes: u8) -> Link {
-        let (address, key) = (recv(socket), recv(socket));
-        let base = u64::from_le_bytes(recv(socket).try_into().unwrap());
-        let ep = worker.connect_lanes(&address, &[("tcp", lanes)]).unwrap();
-        let deadline = Instant::now() + HANG;
-        while worker.endpoint_state(ep).unwrap() == EndpointState::Connecting {
-            worker.progress();
-            assert!(Instant::now() < deadline, "connect hung");
-            std::thread::yield_now();
-        }
-        assert_eq!(worker.endpoint_state(ep).unwrap(), EndpointState::Connected);
-        let rkey = worker.unpack_rkey(ep, &key).unwrap();
-        let src = worker.alloc_registered(WINDOW).unwrap();
-        let qp = worker.create_queue().unwrap();
-        let remote = RemoteBuf {
-            rkey: rkey.as_raw(),
-            addr: base,
-        };
-        let put8 =
-            Sqe::put(ep.as_raw(), src.local(0), remote, 8).with_flags(SqeFlags::SKIP_SUCCESS);
-        Link {
-            worker,
-            qp,
-            src,
-            remote,
-            ep: ep.as_raw(),
-            put8,
-        }
+/// Connects an endpoint of `lanes` lanes to the window whose address, key
+/// and base come next on `socket` (the peer makes progress meanwhile: a
+/// core thread, or a loop waiting for our byte), and waits until it is up.
+fn connect(worker: Worker, socket: &mut UnixStream, lanes: u8) -> Link {
+    let (address, key) = (recv(socket), recv(socket));
+    let base = u64::from_le_bytes(recv(socket).try_into().unwrap());
+    let ep = worker.connect_lanes(&address, &[("tcp", lanes)]).unwrap();
+    let deadline = Instant::now() + HANG;
+    while worker.endpoint_state(ep).unwrap() == EndpointState::Connecting {
+        worker.progress();
+        assert!(Instant::now() < deadline, "connect hung");
+        std::thread::yield_now();
     }
-
-    /// Runs progress until one CQE comes; returns it.
-    fn one_cqe(&mut self) -> Cqe {
-        let deadline = Instant::now() + HANG;
-        loop {
-            self.worker.progress();
-            if let Some(c) = self.qp.pop().unwrap() {
-                return c;
-            }
-            assert!(Instant::now() < deadline, "no completion");
-            spin_loop();
-        }
-    }
-
-    /// Pushes `sqe`, submitting and progressing while the SQ is full.
-    fn push(&mut self, sqe: Sqe) {
-        while self.qp.push(sqe).is_err() {
-            self.qp.submit();
-            self.worker.progress();
-        }
-    }
-
-    /// `count` PUTs of `len` bytes, all SKIP_SUCCESS, then a FLUSH that must
-    /// be the only CQE.
-    fn puts(&mut self, count: u64, len: usize) {
-        let put = Sqe::put(self.ep, self.src.local(0), self.remote, len as u32)
-            .with_flags(SqeFlags::SKIP_SUCCESS);
-        let batch = [put; BATCH];
-        let mut left = count;
-        while left > 0 {
-            let n = self
-                .qp
-                .push_batch(&batch[..left.min(BATCH as u64) as usize])
-                .unwrap();
-            self.qp.submit();
-            self.worker.progress();
-            left -= n as u64;
-        }
-        self.push(Sqe::flush(self.ep).with_user_data(u64::MAX));
-        self.qp.submit();
-        let c = self.one_cqe();
-        assert_eq!((c.user_data, c.res), (u64::MAX, 0), "a PUT failed: {c:?}");
-    }
-
-    /// `rounds` PUTs of a pattern of `len` bytes, each read back with GET
-    /// and compared.
-    fn check(&mut self, len: usize, rounds: u64) {
-        for i in 0..rounds {
-            let data: Vec<u8> = (0..len).map(|k| (k as u64 * 31 + i) as u8).collect();
-            self.src.write(0, &data);
-            // The PUT completes (the target acknowledged it) before the GET
-            // starts: on a 4-lane endpoint the two may take different
-            // lanes, which are not ordered with each other.
-            for sqe in [
-                Sqe::put(self.ep, self.src.local(0), self.remote, len as u32),
-                Sqe::get(self.ep, self.src.local(len as u64), self.remote, len as u32),
-            ] {
-                self.push(sqe);
-                self.qp.submit();
-                let c = self.one_cqe();
-                assert_eq!(c.res, len as i32, "{c:?}");
-            }
-            let mut back = vec![0u8; len];
-            self.src.read(len, &mut back);
-            assert!(back == data, "GET read other bytes than the PUT wrote");
-        }
-    }
-
-    /// One 8-byte PUT of `seq` to the start of the peer's window, pushed,
-    /// submitted and sent by one progress round.
-    fn put_seq(&mut self, seq: u64) {
-        self.src.store_u64(0, seq);
-        let put = self.put8;
-        self.push(put);
-        self.qp.submit();
-        self.worker.progress();
-    }
+    assert_eq!(worker.endpoint_state(ep).unwrap(), EndpointState::Connected);
+    let rkey = worker.unpack_rkey(ep, &key).unwrap();
+    Link::new(worker, ep, rkey, base, WINDOW)
 }
 
 fn bw_groups(c: &mut Criterion) {
     for lanes in [1u8, 4] {
         let mut peer = Peer::spawn(ROLE_ENV, "target");
-        let mut link = Link::connect(worker(8 << 10), &mut peer.socket, lanes);
+        let mut link = connect(worker(8 << 10), &mut peer.socket, lanes);
         for len in [8, 4096, 64 << 10, 1 << 20] {
             link.check(len, 20);
         }
@@ -261,7 +152,7 @@ fn bw_groups(c: &mut Criterion) {
 fn latency_group(c: &mut Criterion) {
     let mut group = c.benchmark_group("put_lat_8B");
     let mut peer = Peer::spawn(ROLE_ENV, "pong");
-    let mut link = Link::connect(worker(8 << 10), &mut peer.socket, 1);
+    let mut link = connect(worker(8 << 10), &mut peer.socket, 1);
     // Our window for the answers, for the peer to connect to; the peer
     // connects while this process progresses.
     let window = link.worker.alloc_registered(4096).unwrap();
@@ -276,7 +167,7 @@ fn latency_group(c: &mut Criterion) {
     let mut seq = 0u64;
     let mut round_trip = |link: &mut Link| {
         seq += 1;
-        link.put_seq(seq);
+        link.put_seq(seq, false);
         let deadline = Instant::now() + HANG;
         let mut spins = 0u64;
         loop {
@@ -304,7 +195,7 @@ fn latency_group(c: &mut Criterion) {
         })
     });
     // Tell the peer to stop: u64::MAX.
-    link.put_seq(u64::MAX);
+    link.put_seq(u64::MAX, false);
     let flush = Sqe::flush(link.ep).with_user_data(7);
     link.push(flush);
     link.qp.submit();
@@ -319,62 +210,59 @@ enum Fence {
     Flush,
 }
 
-impl Link {
-    /// Moves `n` 64-byte PUTs over the bandwidth lanes with `fence` after
-    /// every 8, at most `DEPTH` in flight; returns the elapsed time.
-    fn fenced(&mut self, fence: Fence, n: u64, check: bool) -> Duration {
-        let flush_tag = u64::MAX;
-        let start = Instant::now();
-        let (mut sent, mut done) = (0u64, 0u64);
-        let mut flushing = false;
-        let mut cqes = [Cqe::default(); 64];
-        while done < n || flushing {
-            let mut pushed = false;
-            while sent < n && sent - done < DEPTH && !flushing {
-                let remote = RemoteBuf {
-                    addr: self.remote.addr + (sent % 1000) * u64::from(FENCE_LEN),
-                    ..self.remote
-                };
-                let put = Sqe::put(self.ep, self.src.local(0), remote, FENCE_LEN);
-                self.push(put.with_user_data(sent));
-                sent += 1;
-                pushed = true;
-                if sent % EVERY == 0 {
-                    match fence {
-                        Fence::None => {}
-                        Fence::Strong => self.push(
-                            Sqe::fence(self.ep, FenceMode::STRONG)
-                                .with_flags(SqeFlags::SKIP_SUCCESS),
-                        ),
-                        Fence::Flush => {
-                            self.push(Sqe::flush(self.ep).with_user_data(flush_tag));
-                            flushing = true;
-                        }
+/// Moves `n` 64-byte PUTs over the bandwidth lanes with `fence` after
+/// every 8 on `link`, at most `DEPTH` in flight; returns the elapsed time.
+fn fenced(link: &mut Link, fence: Fence, n: u64, check: bool) -> Duration {
+    let flush_tag = u64::MAX;
+    let start = Instant::now();
+    let (mut sent, mut done) = (0u64, 0u64);
+    let mut flushing = false;
+    let mut cqes = [Cqe::default(); 64];
+    while done < n || flushing {
+        let mut pushed = false;
+        while sent < n && sent - done < DEPTH && !flushing {
+            let remote = RemoteBuf {
+                addr: link.remote.addr + (sent % 1000) * u64::from(FENCE_LEN),
+                ..link.remote
+            };
+            let put = Sqe::put(link.ep, link.src.local(0), remote, FENCE_LEN);
+            link.push(put.with_user_data(sent));
+            sent += 1;
+            pushed = true;
+            if sent % EVERY == 0 {
+                match fence {
+                    Fence::None => {}
+                    Fence::Strong => link.push(
+                        Sqe::fence(link.ep, FenceMode::STRONG).with_flags(SqeFlags::SKIP_SUCCESS),
+                    ),
+                    Fence::Flush => {
+                        link.push(Sqe::flush(link.ep).with_user_data(flush_tag));
+                        flushing = true;
                     }
                 }
             }
-            if pushed {
-                self.qp.submit();
+        }
+        if pushed {
+            link.qp.submit();
+        }
+        link.worker.progress();
+        let got = link.qp.reap(&mut cqes).expect("CQ corrupt");
+        for c in &cqes[..got] {
+            if check {
+                assert!(c.res >= 0, "{c:?}");
             }
-            self.worker.progress();
-            let got = self.qp.reap(&mut cqes).expect("CQ corrupt");
-            for c in &cqes[..got] {
-                if check {
-                    assert!(c.res >= 0, "{c:?}");
-                }
-                if c.user_data == flush_tag {
-                    flushing = false;
-                } else {
-                    done += 1;
-                }
-            }
-            black_box(&cqes[..got]);
-            if got == 0 {
-                spin_loop();
+            if c.user_data == flush_tag {
+                flushing = false;
+            } else {
+                done += 1;
             }
         }
-        start.elapsed()
+        black_box(&cqes[..got]);
+        if got == 0 {
+            spin_loop();
+        }
     }
+    start.elapsed()
 }
 
 fn fence_group(c: &mut Criterion) {
@@ -382,15 +270,15 @@ fn fence_group(c: &mut Criterion) {
     group.throughput(Throughput::Elements(1));
     let mut peer = Peer::spawn(ROLE_ENV, "target");
     // Every PUT is a bandwidth PUT: they spread over lanes 1 to 3.
-    let mut link = Link::connect(worker(1), &mut peer.socket, 4);
+    let mut link = connect(worker(1), &mut peer.socket, 4);
     for (name, fence) in [
         ("no_fence", Fence::None),
         ("strong_every_8", Fence::Strong),
         ("flush_every_8", Fence::Flush),
     ] {
-        link.fenced(fence, 10_000, true);
+        fenced(&mut link, fence, 10_000, true);
         group.bench_function(name, |b| {
-            b.iter_custom(|iters| link.fenced(fence, iters, false))
+            b.iter_custom(|iters| fenced(&mut link, fence, iters, false))
         });
     }
     group.finish();
@@ -427,7 +315,7 @@ fn peer_main(role: &str) {
     }
     // The bench connects to us while we progress, then says "go".
     assert_eq!(progress_until_byte(&w, &mut socket), b'g');
-    let mut back = Link::connect(w, &mut socket, 1);
+    let mut back = connect(w, &mut socket, 1);
     socket.write_all(b"r").unwrap();
     let mut answered = 0u64;
     loop {
@@ -453,7 +341,7 @@ fn peer_main(role: &str) {
                 }
             }
         }
-        back.put_seq(seen);
+        back.put_seq(seen, false);
         answered = seen;
     }
 }
