@@ -33,10 +33,10 @@
 
 use criterion::{BenchmarkId, Criterion, Throughput};
 use ringfence::Worker;
-use ringfence_benches::link::Link;
+use ringfence_benches::link::{Link, pause};
 use ringfence_benches::peer::{Peer, recv, send, socket_of_peer};
 use ringfence_shm::Shm;
-use std::hint::{black_box, spin_loop};
+use std::hint::black_box;
 use std::io::Read;
 use std::os::unix::net::UnixStream;
 use std::time::Instant;
@@ -158,18 +158,6 @@ fn latency_group(c: &mut Criterion) {
         link.put_seq(u64::MAX, now);
     }
     group.finish();
-}
-
-/// One idle round of a ping-pong wait: spin first (an answer normally
-/// comes within a few hundred spins), then yield, so that when both
-/// processes land on one vCPU (anything else running on a two-vCPU
-/// machine) a round trip costs a yield, not a scheduler time slice.
-fn pause(spins: u64) {
-    if spins < 4096 {
-        spin_loop();
-    } else {
-        std::thread::yield_now();
-    }
 }
 
 /// The peer: a window; for `pong`, answers every sequence number.

@@ -41,7 +41,7 @@
 
 use criterion::{BenchmarkId, Criterion, Throughput};
 use ringfence::{EndpointState, Worker};
-use ringfence_benches::link::{HANG, Link};
+use ringfence_benches::link::{HANG, Link, pause};
 use ringfence_benches::peer::{Peer, recv, send, socket_of_peer};
 use ringfence_ring::{Cqe, FenceMode, RemoteBuf, Sqe, SqeFlags};
 use ringfence_tcp::Tcp;
@@ -282,18 +282,6 @@ fn fence_group(c: &mut Criterion) {
         });
     }
     group.finish();
-}
-
-/// One idle round of a ping-pong wait: spin first (an answer normally
-/// comes within a few thousand spins), then yield, so that when both
-/// processes land on one vCPU a round trip costs a yield, not a time
-/// slice.
-fn pause(spins: u64) {
-    if spins < 4096 {
-        spin_loop();
-    } else {
-        std::thread::yield_now();
-    }
 }
 
 /// The peer: a window; `target` serves it from a core thread until the

@@ -94,6 +94,19 @@ pub mod link {
     /// Only catches a hang.
     pub const HANG: Duration = Duration::from_secs(120);
 
+    /// One idle round of a ping-pong wait, the `spins`-th: spin first (an
+    /// answer normally comes within a few thousand spins), then yield, so
+    /// that when both processes land on one vCPU (anything else running on
+    /// a two-vCPU machine) a round trip costs a yield, not a scheduler
+    /// time slice.
+    pub fn pause(spins: u64) {
+        if spins < 4096 {
+            spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
+    }
+
     /// An initiator connected to a peer's window.
     #[derive(Debug)]
     pub struct Link {
