@@ -909,6 +909,7 @@ impl Tcp {
     /// Cancels everything and waits (bounded) until the kernel holds no
     /// request that names this driver's memory.
     fn quiesce_all(&mut self) {
+        self.send_held_acks();
         let slots: Vec<u32> = (0..self.conns.len() as u32).collect();
         for slot in slots {
             self.close_conn(slot, Status::Canceled);
@@ -1008,6 +1009,76 @@ impl Tcp {
 
     fn ep_mut(&mut self, ep: DriverEp) -> Option<&mut Ep> {
         self.eps.get_mut(ep.0 as usize).and_then(Option::as_mut)
+    }
+
+    /// Starts a send on every listed connection that can take one:
+    /// requests first, then answers, so that held ACKs go behind what the
+    /// application sent this round.
+    fn start_sends(&mut self) {
+        let Tcp {
+            uring,
+            conns,
+            to_send,
+            ..
+        } = self;
+        to_send.sort_unstable_by_key(|&slot| {
+            conns
+                .get(slot as usize)
+                .and_then(|c| c.as_deref())
+                .is_some_and(|c| c.role == Role::Accepted)
+        });
+        to_send.retain(|&slot| {
+            let Some(conn) = conns.get_mut(slot as usize).and_then(|c| c.as_deref_mut()) else {
+                return false;
+            };
+            if conn.closing {
+                conn.listed = false;
+                return false;
+            }
+            // A lane's first bytes (its HELLO) wait for its connect.
+            if !conn.connected || conn.send.is_flying() {
+                return true;
+            }
+            if let Some(msg) = conn.send.start() {
+                let entry = Self::send_entry(conn, slot, msg);
+                // SAFETY: the msghdr, its iovecs and the staging they point
+                // into live in the boxed connection's batch, untouched until
+                // this send completes; iovecs over registered memory stay
+                // valid until the operation completes (the `post` contract),
+                // which is after this send completed.
+                if unsafe { uring.push(&entry) }.is_ok() {
+                    conn.flying += 1;
+                }
+            }
+            conn.listed = false;
+            false
+        });
+    }
+
+    /// At teardown: every held ACK is sent, as far as the socket takes it
+    /// at once (a PUT the target executed is then acknowledged, as it would
+    /// have been before the hold); nothing here waits for the peer.
+    fn send_held_acks(&mut self) {
+        for slot in std::mem::take(&mut self.held_acks) {
+            let Some(conn) = self
+                .conns
+                .get_mut(slot as usize)
+                .and_then(|c| c.as_deref_mut())
+            else {
+                continue;
+            };
+            conn.ack = AckHold::None;
+            if !conn.closing && conn.serve.queue_ack(&mut conn.send) {
+                Self::want_send(&mut self.to_send, slot, conn);
+            }
+        }
+        self.start_sends();
+        // A small send into a socket with room completes inside the
+        // submission; its completion is taken with the others below.
+        let _ = self.uring.submit();
+        while let Some(cqe) = self.uring.next(false) {
+            self.handle_teardown(&cqe);
+        }
     }
 }
 
@@ -1399,41 +1470,8 @@ impl Driver for Tcp {
             // the next one, which sends them (AckHold).
             uring.keep_readable();
         }
-        // Requests first, then answers: the held ACKs come behind what the
-        // application sent this round.
-        to_send.sort_unstable_by_key(|&slot| {
-            conns
-                .get(slot as usize)
-                .and_then(|c| c.as_deref())
-                .is_some_and(|c| c.role == Role::Accepted)
-        });
-        to_send.retain(|&slot| {
-            let Some(conn) = conns.get_mut(slot as usize).and_then(|c| c.as_deref_mut()) else {
-                return false;
-            };
-            if conn.closing {
-                conn.listed = false;
-                return false;
-            }
-            // A lane's first bytes (its HELLO) wait for its connect.
-            if !conn.connected || conn.send.is_flying() {
-                return true;
-            }
-            if let Some(msg) = conn.send.start() {
-                let entry = Self::send_entry(conn, slot, msg);
-                // SAFETY: the msghdr, its iovecs and the staging they point
-                // into live in the boxed connection's batch, untouched until
-                // this send completes; iovecs over registered memory stay
-                // valid until the operation completes (the `post` contract),
-                // which is after this send completed.
-                if unsafe { uring.push(&entry) }.is_ok() {
-                    conn.flying += 1;
-                }
-            }
-            conn.listed = false;
-            false
-        });
-        if let Err(e) = uring.submit() {
+        self.start_sends();
+        if let Err(e) = self.uring.submit() {
             tracing::warn!(%e, "tcp: io_uring submit failed");
         }
     }

@@ -620,3 +620,44 @@ fn a_sleeping_target_core_thread_still_acknowledges_every_put() {
     }
     assert!(p.target.core_thread_sleeps() >= 300);
 }
+
+/// A target dropped right after the round that executed a PUT (its ACK
+/// still held for the next round) sends that ACK as it goes: the PUT
+/// completes successfully at the initiator, 20 times over.
+#[test]
+fn a_target_dropped_right_after_a_put_still_acknowledges_it() {
+    for round in 0..20u64 {
+        let p = pair(4096, 1);
+        let mut qp = p.initiator.create_queue().unwrap();
+        let src = p.initiator.alloc_registered(64).unwrap();
+        src.store_u64(0, round + 1);
+        let remote = RemoteBuf {
+            rkey: p.rkey.as_raw(),
+            addr: p.window.addr(),
+        };
+        qp.push(Sqe::put(p.ep.as_raw(), src.local(0), remote, 8).with_user_data(1))
+            .unwrap();
+        qp.submit();
+        // Until the target's round has executed it (bounded).
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while p.window.load_u64(0) != round + 1 {
+            p.initiator.progress();
+            p.target.progress();
+            assert!(Instant::now() < deadline, "the PUT never landed");
+            std::thread::yield_now();
+        }
+        let Pair {
+            target, initiator, ..
+        } = p;
+        drop(target);
+        let mut got = None;
+        while got.is_none() {
+            initiator.progress();
+            got = qp.pop().unwrap();
+            assert!(Instant::now() < deadline, "no completion for the PUT");
+            std::thread::yield_now();
+        }
+        let c = got.unwrap();
+        assert_eq!((c.user_data, c.res), (1, 8), "round {round}: {c:?}");
+    }
+}
