@@ -352,6 +352,20 @@ fn a_listen_target_refuses_what_is_not_the_protocol() {
         answer.starts_with("err ") && answer.contains("a row of 2 x 4096 B"),
         "{answer}"
     );
+    // Rows that overflow, or whose checks would reach past the window.
+    for bad in [
+        "prepare write 18446744073709551615 2 1",
+        "verify write 4294967296 4294967296 1",
+        "prepare atomic 1 1000 1",
+        "verify atomic 1 1000 1",
+        "verify read 0 1 1",
+        "pong",
+        "pong rf1:00:00:0:8 0 1 4",
+        "pong rf1:00:00:0:8 18446744073709551615 1 8",
+    ] {
+        let answer = ask(bad);
+        assert!(answer.starts_with("err "), "{bad}: {answer}");
+    }
     assert_eq!(ask("prepare write 8 1 1"), "ok");
     ask("done");
     let (status, err) = finish(target);

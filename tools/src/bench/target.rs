@@ -66,15 +66,25 @@ impl RowSpec {
                 "atomic" => OpKind::Atomic,
                 _ => return None,
             },
-            block: block.parse().ok()?,
-            batch: batch.parse().ok()?,
+            // A command may come from another host (`--listen`): a
+            // transfer and a batch have at least one byte and one transfer.
+            block: block.parse().ok().filter(|&b| b > 0)?,
+            batch: batch.parse().ok().filter(|&b| b > 0)?,
             count: count.parse().ok()?,
         })
     }
 
-    /// Bytes of the window a row touches.
+    /// Bytes of the window a row's transfers touch (saturating: a row too
+    /// large for any window).
     pub fn span(self) -> usize {
-        (self.block * self.batch) as usize
+        usize::try_from(self.block.saturating_mul(self.batch)).unwrap_or(usize::MAX)
+    }
+
+    /// Bytes of the window a row's checks touch: its transfers, and one
+    /// 8-byte word per transfer (atomics count words).
+    fn checked_span(self) -> usize {
+        let words = usize::try_from(self.batch.saturating_mul(8)).unwrap_or(usize::MAX);
+        self.span().max(words)
     }
 }
 
@@ -275,7 +285,7 @@ impl TargetState {
     }
 
     fn check_span(&self, spec: RowSpec) -> Result<(), BenchError> {
-        if spec.span() > self.window.len() {
+        if spec.checked_span() > self.window.len() {
             return Err(BenchError::Target(format!(
                 "a row of {} x {} B does not fit the {} B window",
                 spec.batch,
@@ -293,7 +303,7 @@ impl TargetState {
     /// The row does not fit the window.
     pub fn prepare(&mut self, spec: RowSpec) -> Result<(), BenchError> {
         self.check_span(spec)?;
-        let span = spec.span().max(8 * spec.batch as usize);
+        let span = spec.checked_span();
         match spec.op {
             OpKind::Write | OpKind::Atomic => self.window.write(0, &vec![0u8; span]),
             OpKind::Read => {
@@ -740,6 +750,9 @@ fn pong_command(state: &mut TargetState, words: &[&str], out: &mut AnswerSink<'_
                 .map_err(|_| BenchError::Target(format!("`{s}` is not a number")))
         };
         let (warmup, iters) = (num(warmup)?, num(iters)?);
+        let rounds = warmup
+            .checked_add(iters)
+            .ok_or_else(|| BenchError::Target("too many ping-pong rounds".into()))?;
         let sizes = sizes
             .iter()
             .map(|s| num(s))
@@ -754,7 +767,7 @@ fn pong_command(state: &mut TargetState, words: &[&str], out: &mut AnswerSink<'_
         // The endpoint may still be connecting: the initiator progresses
         // its side only once it has this answer, and PUTs queue meanwhile.
         out("ok").map_err(BenchError::io("answering pong"))?;
-        pong(&mut side, &sizes, warmup + iters)?;
+        pong(&mut side, &sizes, rounds)?;
         Ok(())
     };
     if core_thread {
@@ -807,6 +820,33 @@ mod tests {
         let line = s.to_words();
         let words: Vec<&str> = line.split_whitespace().collect();
         assert_eq!(RowSpec::from_words(&words), Some(s));
+        // Commands may come over the network: nothing empty, nothing that
+        // overflows on the way to the window check.
+        for bad in [
+            "write 0 1 1",
+            "write 8 0 1",
+            "write x 1 1",
+            "fly 8 1 1",
+            "write 8 1",
+            "write 8 1 1 1",
+        ] {
+            let words: Vec<&str> = bad.split_whitespace().collect();
+            assert_eq!(RowSpec::from_words(&words), None, "{bad}");
+        }
+        let huge = RowSpec {
+            op: OpKind::Write,
+            block: u64::MAX,
+            batch: 2,
+            count: 1,
+        };
+        assert_eq!(huge.span(), usize::MAX);
+        let words = RowSpec {
+            op: OpKind::Atomic,
+            block: 1,
+            batch: 1000,
+            count: 1,
+        };
+        assert_eq!(words.checked_span(), 8000);
     }
 
     #[test]
