@@ -279,13 +279,14 @@ impl Uring {
     /// once more. The core thread polls for 100 µs before it sleeps, far
     /// more than that many rounds.
     pub(crate) fn next(&mut self, rearm: bool) -> Option<cqueue::Entry> {
-        if self.ring.completion().is_empty() && self.ring.submission().taskrun() {
-            // Task work is waiting (see `new`): an enter with GETEVENTS
-            // runs it and posts its completions. An error leaves it for
-            // the next round.
+        let mut cqe = self.ring.completion().next();
+        if cqe.is_none() && self.ring.submission().taskrun() {
+            // Task work is waiting (see `new`): any `io_uring_enter` runs
+            // it and posts its completions. An error leaves it for the
+            // next round.
             let _ = self.ring.submit();
+            cqe = self.ring.completion().next();
         }
-        let cqe = self.ring.completion().next();
         if let Some(cqe) = cqe {
             self.took();
             return Some(cqe);
