@@ -191,6 +191,11 @@ impl<T: Entry> Consumer<T> {
     /// Waits on `bell` until an entry is ready or `timeout` passes; returns
     /// whether one is ready. Returns at once if one already is.
     ///
+    /// A ring with no entry behind it sleeps again for the time left: the
+    /// producer may ring for an entry this side took without sleeping (it
+    /// saw `NEED_WAKEUP` set by a wait that then found the entry), and
+    /// that ring stays on the doorbell until the next wait.
+    ///
     /// # Errors
     /// [`WaitError`](crate::WaitError) if the indices are corrupt or the
     /// eventfd fails.
@@ -200,13 +205,28 @@ impl<T: Entry> Consumer<T> {
         bell: &crate::Doorbell,
         timeout: Option<std::time::Duration>,
     ) -> Result<bool, crate::WaitError> {
-        if self.available(1)? > 0 || !self.prepare_wait()? {
-            return Ok(true);
+        let deadline = timeout.map(|t| std::time::Instant::now() + t);
+        loop {
+            if self.available(1)? > 0 || !self.prepare_wait()? {
+                return Ok(true);
+            }
+            let left = match deadline {
+                None => None,
+                Some(d) => match d.checked_duration_since(std::time::Instant::now()) {
+                    Some(left) => Some(left),
+                    None => {
+                        self.finish_wait();
+                        return Ok(false);
+                    }
+                },
+            };
+            let waited = bell.wait(left);
+            self.finish_wait();
+            waited?;
+            if self.available(1)? > 0 {
+                return Ok(true);
+            }
         }
-        let waited = bell.wait(timeout);
-        self.finish_wait();
-        waited?;
-        Ok(self.available(1)? > 0)
     }
 
     /// This ring's memory and this side's indices as raw pointers, for code

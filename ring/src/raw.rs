@@ -399,6 +399,45 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "eventfd")]
+    fn a_stale_ring_does_not_end_a_wait_early() {
+        let bell = std::sync::Arc::new(crate::Doorbell::new().unwrap());
+        let (mut tx, mut rx) = channel::<Cqe>(4);
+        // A ring for an entry the consumer took without sleeping, still on
+        // the doorbell when the next wait starts.
+        bell.ring().unwrap();
+        let producer = {
+            let bell = bell.clone();
+            std::thread::spawn(move || {
+                // Once the waiter has taken the stale ring (the doorbell is
+                // clear again), the entry comes.
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+                let rung = |bell: &crate::Doorbell| {
+                    use std::os::fd::AsFd;
+                    let mut fds = [nix::poll::PollFd::new(
+                        bell.as_fd(),
+                        nix::poll::PollFlags::POLLIN,
+                    )];
+                    nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO).unwrap() > 0
+                };
+                while rung(&bell) {
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "the waiter never woke"
+                    );
+                    std::thread::yield_now();
+                }
+                tx.push(cqe(7)).unwrap();
+                tx.submit_and_wake(&bell).unwrap();
+            })
+        };
+        // No timeout: only an entry ends this wait.
+        assert!(rx.wait(&bell, None).unwrap());
+        assert_eq!(rx.pop().unwrap(), Some(cqe(7)));
+        producer.join().unwrap();
+    }
+
+    #[test]
     fn overflow_flag() {
         let (mut tx, rx) = channel::<Cqe>(4);
         assert!(!rx.is_overflowed());
