@@ -176,8 +176,8 @@ impl Rig {
                 sent += 1;
                 pushed = true;
                 match kind {
-                    Kind::Weak if sent % EVERY == 0 => self.push(fence(ep, FenceMode::WEAK)),
-                    Kind::Strong if sent % EVERY == 0 => self.push(fence(ep, FenceMode::STRONG)),
+                    Kind::Weak if sent % EVERY == 0 => self.push(fence(ep, FenceMode::ORDER)),
+                    Kind::Strong if sent % EVERY == 0 => self.push(fence(ep, FenceMode::COMPLETE)),
                     Kind::StrongBlocking if sent % EVERY == 0 => {
                         for k in 0..self.eps.len() {
                             self.push(Sqe::flush(self.eps[k].0.as_raw()).with_user_data(FLUSH_TAG));

@@ -233,7 +233,7 @@ fn fenced(link: &mut Link, fence: Fence, n: u64, check: bool) -> Duration {
                 match fence {
                     Fence::None => {}
                     Fence::Strong => link.push(
-                        Sqe::fence(link.ep, FenceMode::STRONG).with_flags(SqeFlags::SKIP_SUCCESS),
+                        Sqe::fence(link.ep, FenceMode::COMPLETE).with_flags(SqeFlags::SKIP_SUCCESS),
                     ),
                     Fence::Flush => {
                         link.push(Sqe::flush(link.ep).with_user_data(flush_tag));

@@ -39,6 +39,36 @@ pub enum EndpointState {
     Closed,
 }
 
+/// A snapshot of an endpoint's fence engine (FENCE.md §3), as
+/// [`Worker::fence_state`] reports it: read under the engine lock, so it
+/// is consistent, but progress may change it right after.
+///
+/// [`Worker::fence_state`]: crate::Worker::fence_state
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FenceState {
+    /// W: the submission epoch, bumped by every FENCE and by the implicit
+    /// fence before each NOTIFY (R12).
+    pub submit_epoch: u64,
+    /// C: the admitted epoch. Requests of epochs up to C may start (R14).
+    pub admitted_epoch: u64,
+    /// D: lanes written since the last flush of them started (R17).
+    pub dirty_lanes: u64,
+    /// Lanes whose earlier work user FLUSHes, CLOSEs or worker flushes in
+    /// flight cover: clean once those complete (W2).
+    pub covered_lanes: u64,
+    /// The lanes of the strong fence flush in flight (F), with the epoch C
+    /// moves to when it completes (R15c, R16); `None` when none is.
+    pub fence_flush: Option<(u64, u64)>,
+    /// The weak fence admission: the lane, and the epoch admitted on it
+    /// only (R8); `None` when none holds.
+    pub weak: Option<(u8, u64)>,
+    /// Requests waiting in the endpoint's FIFO (R18).
+    pub deferred: u32,
+    /// Requests and flushes at the driver, not yet completed.
+    pub in_flight: u32,
+}
+
 /// Where an endpoint is in its life (see also the [`CONNECTING`] flag).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -98,7 +128,8 @@ pub(crate) struct Endpoint {
     /// Next bandwidth lane for round-robin.
     pub next_bw: u8,
     pub state: EpState,
-    /// [`SCHEDULED`], [`STRONG_ARMED`], [`CONNECTING`].
+    /// [`SCHEDULED`], [`STRONG_ARMED`], [`CONNECTING`], [`MIXED`],
+    /// [`QUIET`].
     pub flags: u8,
     /// Not used: the line's last spare byte.
     _spare: u8,
@@ -121,6 +152,9 @@ pub(crate) const CONNECTING: u8 = 1 << 2;
 /// are in `EndpointCold::groups`); `driver` and `driver_ep` name the first
 /// group's.
 pub(crate) const MIXED: u8 = 1 << 3;
+/// In `flags`: worker flush parts wait on or run over this endpoint (they
+/// are in `EndpointCold::quiet_parts`).
+pub(crate) const QUIET: u8 = 1 << 4;
 /// `flags` that keep the direct path off: a boundary or a handshake is
 /// pending, or lanes are on several drivers.
 pub(crate) const NOT_DIRECT: u8 = STRONG_ARMED | CONNECTING | MIXED;
@@ -161,6 +195,18 @@ impl Endpoint {
     /// 2^31 epochs are ever outstanding).
     pub(crate) fn full_epoch(&self, low: u32) -> u64 {
         self.submit_epoch - u64::from((self.submit_epoch as u32).wrapping_sub(low))
+    }
+
+    /// Whether, as far as the epochs go, an operation on `lane` may start
+    /// without the fence engine (the direct path): no boundary is pending
+    /// (W = C), or the only one is a weak fence's, admitted on this very
+    /// lane, whose transport fence flag an earlier operation already
+    /// carried (R8: the lane orders what follows). The caller checks that
+    /// the lane was not replaced since (`Engine::weak_lane_kept`).
+    #[inline]
+    pub(crate) fn epochs_admit(&self, lane: u8) -> bool {
+        self.submit_epoch == self.admitted_epoch
+            || (self.weak_lane == lane && self.weak_epoch == self.submit_epoch as u32)
     }
 
     /// The lane a weak fence admitted its epoch on, if any.
@@ -318,6 +364,24 @@ pub(crate) struct EndpointCold {
     /// Per lane: the generation it had when the in-flight fence flush
     /// started (R39).
     pub flush_generation: Vec<u32>,
+    /// The generation of the weak lane when the weak fence admitted its
+    /// epoch on it (valid while `Endpoint::weak_lane != NO_LANE`): a lane
+    /// replaced since then voids the admission (R8, R38).
+    pub weak_generation: u32,
+    /// Which fence flush of this endpoint is in flight (valid while
+    /// `Endpoint::flushing != 0`): its token carries it, so a late or
+    /// duplicated completion of an earlier one is stray (FENCE.md R25).
+    pub fence_serial: u32,
+    /// Lanes that user FLUSHes (and CLOSEs and worker flushes) in flight
+    /// took out of D when they started: their work is outstanding until
+    /// those flushes complete, which cleans them for good (W2). A fence
+    /// counts them as dirty.
+    pub covered: LaneMask,
+    /// Per lane: how many flushes in flight took it out of D (`covered`
+    /// holds the lanes whose count is non-zero).
+    pub covering: Vec<u16>,
+    /// This endpoint's parts of worker flushes in flight.
+    pub quiet_parts: Vec<crate::engine::QuietPart>,
 }
 
 impl EndpointCold {
@@ -331,6 +395,11 @@ impl EndpointCold {
             fence_parts: FlushParts::default(),
             dirty_generation: vec![0; lanes as usize],
             flush_generation: vec![0; lanes as usize],
+            weak_generation: 0,
+            fence_serial: 0,
+            covered: 0,
+            covering: vec![0; lanes as usize],
+            quiet_parts: Vec::new(),
         }
     }
 

@@ -9,10 +9,14 @@
 //!   seeded pseudo-random order (an operation carrying the transport fence
 //!   flag waits for everything before it on its lane);
 //! - completion timing: synchronous (inside `post`), on the next poll, after
-//!   N polls, or with lanes visited in a shuffled order;
-//! - injected errors on a chosen post or flush, and `NoResource`
-//!   back-pressure for the next N posts;
-//! - lane generation bumps (the lane is "replaced").
+//!   N polls, or with lanes visited in a shuffled order; globally, or per
+//!   lane index;
+//! - injected errors on a chosen post or flush, on every or the next post
+//!   of a lane, and `NoResource` back-pressure for the next N posts;
+//! - lane generation bumps (the lane is "replaced");
+//! - blocked flushes (held until unblocked), duplicated flush completions
+//!   and injected stray completions, as a network with lane replacement
+//!   can produce.
 //!
 //! A flush is released only when every operation posted before it on its
 //! lanes has been released and has completed at the inner driver, so it
@@ -30,7 +34,7 @@
 use crate::DriverMemory;
 use crate::driver::{
     Capabilities, Completion, Connect, DirectPath, Driver, DriverContext, DriverEp, DriverError,
-    DriverMemKey, DriverRkey, LaneMask, MemDesc, Op, OpKind, Posted, Quiesce, Token,
+    DriverMemKey, DriverRkey, LaneMask, MAX_LANES, MemDesc, Op, OpKind, Posted, Quiesce, Token,
 };
 use crate::memory::MemKind;
 use ringfence_ring::Status;
@@ -42,13 +46,18 @@ use std::time::Instant;
 /// When held operations and flushes are released.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Timing {
-    /// Inside `post` and `flush` (nothing is held).
+    /// Inside `post` and `flush`, unless something posted earlier under
+    /// another timing is still held on the lane (on one of the flushed
+    /// lanes, for a flush) or flushes are blocked: then held, and released
+    /// at the next poll behind it, so lane order is kept.
     Synchronous,
     /// At the next `poll`.
     NextPoll,
     /// After this many polls.
     Delayed(u32),
     /// At the next poll, visiting lanes (and endpoints) in a shuffled order.
+    /// As a lane's own timing it is `NextPoll`: the visiting order follows
+    /// the global timing.
     Reordered,
     /// At the first poll at least this long after posting: a latency in
     /// wall-clock time, as a network round trip has.
@@ -87,7 +96,48 @@ struct Program {
     log: Vec<Executed>,
     flush_log: Vec<(DriverEp, LaneMask)>,
     seed: u64,
+    /// Timing overrides, by lane index.
+    lane_timing: [Option<Timing>; MAX_LANES as usize],
+    /// Every post on the lane (by index) fails with the status.
+    lane_failures: [Option<Status>; MAX_LANES as usize],
+    /// Fail the next post on the lane that is the key, oldest first.
+    next_lane_failures: Vec<(u8, Status)>,
+    flushes_blocked: bool,
+    /// How many of the next flush completions are duplicated.
+    duplicate_flushes: u32,
+    /// Completions to return at the next poll.
+    strays: Vec<Completion>,
+    /// Posts and flushes the injector holds (it keeps this up to date).
+    held: usize,
 }
+
+impl Program {
+    /// The timing of a post on `lane`: its override, else the global one.
+    fn lane_timing(&self, lane: u8) -> Timing {
+        self.lane_timing
+            .get(usize::from(lane))
+            .copied()
+            .flatten()
+            .unwrap_or(self.timing)
+    }
+
+    /// The failure of post number `n`, on `lane`: by number, else the
+    /// lane's next one (consumed), else the lane's standing one.
+    fn take_post_failure(&mut self, n: u64, lane: u8) -> Option<Status> {
+        take_failure(&mut self.fail_posts, |k| k == n)
+            .or_else(|| take_failure(&mut self.next_lane_failures, |l| l == lane))
+            .or_else(|| self.lane_failures.get(usize::from(lane)).copied().flatten())
+    }
+}
+
+/// Removes the first failure of `list` whose key matches, and returns it.
+fn take_failure<K: Copy>(list: &mut Vec<(K, Status)>, hit: impl Fn(K) -> bool) -> Option<Status> {
+    let i = list.iter().position(|&(k, _)| hit(k))?;
+    Some(list.remove(i).1)
+}
+
+/// Polls between a duplicated flush completion and its copy.
+const DUPLICATE_AFTER: u64 = 2;
 
 /// Programs a [`FaultInjector`] after it moved into a worker, and reads its
 /// execution log.
@@ -145,6 +195,83 @@ impl FaultHandle {
     pub fn seed(&self, seed: u64) {
         self.program().seed = seed | 1;
     }
+
+    /// Sets the timing of posts on `lane` (by index, on every endpoint),
+    /// over the global one, for what is posted from now on. Flushes keep
+    /// the global timing, and still wait for every earlier post on their
+    /// lanes. A lane index past the last possible lane has no effect.
+    pub fn set_lane_timing(&self, lane: u8, timing: Timing) {
+        if let Some(slot) = self.program().lane_timing.get_mut(usize::from(lane)) {
+            *slot = Some(timing);
+        }
+    }
+
+    /// Posts on `lane` follow the global timing again (from now on).
+    pub fn clear_lane_timing(&self, lane: u8) {
+        if let Some(slot) = self.program().lane_timing.get_mut(usize::from(lane)) {
+            *slot = None;
+        }
+    }
+
+    /// Fails every post on `lane` (by index, on every endpoint) from now
+    /// on with `status`: it completes with the error, with its timing,
+    /// never reaching the inner driver nor the log. A failure by number
+    /// ([`fail_post`](Self::fail_post)) takes precedence.
+    pub fn fail_lane(&self, lane: u8, status: Status) {
+        if let Some(slot) = self.program().lane_failures.get_mut(usize::from(lane)) {
+            *slot = Some(status);
+        }
+    }
+
+    /// Fails the next post on `lane` (by index, on any endpoint) that no
+    /// failure by number already fails, as [`fail_lane`](Self::fail_lane)
+    /// does; calls add up (two calls fail the next two).
+    pub fn fail_next_on_lane(&self, lane: u8, status: Status) {
+        if lane < MAX_LANES {
+            self.program().next_lane_failures.push((lane, status));
+        }
+    }
+
+    /// Withdraws every lane failure, standing and next-post ones; posts
+    /// already failed and held still complete with their error.
+    pub fn clear_lane_failures(&self) {
+        let mut p = self.program();
+        p.lane_failures = [None; MAX_LANES as usize];
+        p.next_lane_failures.clear();
+    }
+
+    /// While `on`, flushes are accepted and logged but not released, even
+    /// under `Timing::Synchronous` (they are held then too); held ones
+    /// already waiting are blocked as well. Once off, each goes at the next
+    /// poll where its timing and the posts before it allow.
+    /// `quiesce(Quiesce::All)` and `disconnect` still cancel them.
+    pub fn block_flushes(&self, on: bool) {
+        self.program().flushes_blocked = on;
+    }
+
+    /// Returns each of the next `n` flush completions the injector produces
+    /// (released by `poll`, or finished inside `flush`) twice: at once, and
+    /// the same completion (token and result) again at the second poll
+    /// after, as a replaced lane can deliver it twice. Completions the inner
+    /// driver returns through its own `poll` and cancellations are not
+    /// duplicated.
+    pub fn duplicate_flush_completions(&self, n: u32) {
+        self.program().duplicate_flushes = n;
+    }
+
+    /// Returns a completion with `token` and `result` at the next poll,
+    /// though nothing was posted with it (the engine should count it as
+    /// stray).
+    pub fn stray_flush_completion(&self, token: Token, result: Result<u32, Status>) {
+        self.program().strays.push(Completion { token, result });
+    }
+
+    /// Posts and flushes held now: not yet handed to the inner driver nor
+    /// completed by the injector. Exact between driver calls; duplicated
+    /// and stray completions still to come are not counted.
+    pub fn held(&self) -> usize {
+        self.program().held
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -180,6 +307,9 @@ pub struct FaultInjector<D: Driver> {
     held: Vec<Vec<VecDeque<Held>>>,
     flushes: VecDeque<HeldFlush>,
     ready: VecDeque<Completion>,
+    /// Copies of duplicated flush completions, by the poll that returns
+    /// them (in order).
+    late: VecDeque<(u64, Completion)>,
     posts: u64,
     flush_count: u64,
     polls: u64,
@@ -210,6 +340,13 @@ impl<D: Driver> FaultInjector<D> {
             log: Vec::new(),
             flush_log: Vec::new(),
             seed: 0x9e37_79b9_7f4a_7c15,
+            lane_timing: [None; MAX_LANES as usize],
+            lane_failures: [None; MAX_LANES as usize],
+            next_lane_failures: Vec::new(),
+            flushes_blocked: false,
+            duplicate_flushes: 0,
+            strays: Vec::new(),
+            held: 0,
         }));
         let injector = FaultInjector {
             inner,
@@ -217,6 +354,7 @@ impl<D: Driver> FaultInjector<D> {
             held: Vec::new(),
             flushes: VecDeque::new(),
             ready: VecDeque::new(),
+            late: VecDeque::new(),
             posts: 0,
             flush_count: 0,
             polls: 0,
@@ -244,9 +382,105 @@ impl<D: Driver> FaultInjector<D> {
 
     fn delay(&self, timing: Timing) -> u64 {
         match timing {
-            Timing::Synchronous => 0,
-            Timing::NextPoll | Timing::Reordered | Timing::Latency(_) => 1,
+            // Held only behind something else: at the next poll.
+            Timing::Synchronous | Timing::NextPoll | Timing::Reordered | Timing::Latency(_) => 1,
             Timing::Delayed(n) => u64::from(n.max(1)),
+        }
+    }
+
+    /// Whether nothing is held on `lane` of `ep` (or there is no such lane).
+    fn lane_idle(&self, ep: DriverEp, lane: u8) -> bool {
+        self.held
+            .get(ep.0 as usize)
+            .and_then(|lanes| lanes.get(usize::from(lane)))
+            .is_none_or(VecDeque::is_empty)
+    }
+
+    /// Whether `post` would finish `op` on `ep` inside the call.
+    fn posts_inline(&self, ep: DriverEp, op: &Op) -> bool {
+        let p = self.program();
+        p.no_resource == 0
+            && p.lane_timing(op.lane) == Timing::Synchronous
+            && self.lane_idle(ep, op.lane)
+    }
+
+    /// Whether a flush of `lanes` of `ep` holds no operation posted before
+    /// it (sequence number up to `seq`) behind it.
+    fn flush_clear(&self, ep: DriverEp, lanes: LaneMask, seq: u64) -> bool {
+        self.held.get(ep.0 as usize).is_none_or(|queues| {
+            queues
+                .iter()
+                .enumerate()
+                .all(|(l, q)| lanes & (1 << l) == 0 || q.iter().all(|h| h.seq > seq))
+        })
+    }
+
+    /// A flush completion the injector produced: schedules its copy if it
+    /// is to be duplicated.
+    fn flush_completed(&mut self, c: Completion) {
+        let duplicate = {
+            let mut p = self.program();
+            let duplicate = p.duplicate_flushes > 0;
+            if duplicate {
+                p.duplicate_flushes -= 1;
+            }
+            duplicate
+        };
+        if duplicate {
+            self.late.push_back((self.polls + DUPLICATE_AFTER, c));
+        }
+    }
+
+    /// Moves injected strays and the duplicates due at this poll to
+    /// `ready`.
+    fn inject(&mut self) {
+        let strays = std::mem::take(&mut self.program().strays);
+        self.ready.extend(strays);
+        while let Some(&(at, c)) = self.late.front() {
+            if at > self.polls {
+                break;
+            }
+            self.late.pop_front();
+            self.ready.push_back(c);
+        }
+    }
+
+    /// Publishes how much is held to the handle.
+    fn count_held(&self) {
+        let posts: usize = self.held.iter().flatten().map(VecDeque::len).sum();
+        self.program().held = posts + self.flushes.len();
+    }
+
+    /// Releases the held flushes whose time came and whose lanes hold
+    /// nothing older, into `out`.
+    fn release_flushes(&mut self, out: &mut [Completion], n: &mut usize) {
+        let mut i = 0;
+        while i < self.flushes.len() && *n < out.len() {
+            let f = self.flushes[i];
+            if !(self.flush_clear(f.ep, f.lanes, f.seq)
+                && f.release_at <= self.polls
+                && f.due <= self.now)
+            {
+                i += 1;
+                continue;
+            }
+            self.flushes.remove(i);
+            let result = match f.fail {
+                Some(status) => Err(status),
+                None => match self.inner.flush(f.ep, f.lanes, f.token) {
+                    Posted::Done(result) => result,
+                    // The inner driver completes it later, through poll.
+                    Posted::InFlight => continue,
+                    Posted::NoResource => Err(Status::NoResource),
+                },
+            };
+            let c = Completion {
+                token: f.token,
+                result,
+            };
+            self.flush_completed(c);
+            out[*n] = c;
+            *n += 1;
         }
     }
 
@@ -398,6 +632,7 @@ impl<D: Driver> Driver for FaultInjector<D> {
             token: f.token,
             result: Err(Status::Canceled),
         }));
+        self.count_held();
         self.inner.disconnect(ep);
     }
 
@@ -424,16 +659,11 @@ impl<D: Driver> Driver for FaultInjector<D> {
                 p.no_resource -= 1;
                 return Posted::NoResource;
             }
-            let n = self.posts;
-            let fail = p
-                .fail_posts
-                .iter()
-                .position(|(k, _)| *k == n)
-                .map(|i| p.fail_posts.remove(i).1);
-            (p.timing, fail)
+            let fail = p.take_post_failure(self.posts, op.lane);
+            (p.lane_timing(op.lane), fail)
         };
         self.posts += 1;
-        if timing == Timing::Synchronous {
+        if timing == Timing::Synchronous && self.lane_idle(ep, op.lane) {
             if let Some(status) = fail {
                 return Posted::Done(Err(status));
             }
@@ -463,28 +693,29 @@ impl<D: Driver> Driver for FaultInjector<D> {
             due,
             fail,
         });
+        self.count_held();
         Posted::InFlight
     }
 
     fn flush(&mut self, ep: DriverEp, lanes: LaneMask, token: Token) -> Posted {
-        let (timing, fail) = {
+        let (timing, fail, blocked) = {
             let mut p = self.program();
             p.flush_log.push((ep, lanes));
             let n = self.flush_count;
-            let fail = p
-                .fail_flushes
-                .iter()
-                .position(|(k, _)| *k == n)
-                .map(|i| p.fail_flushes.remove(i).1);
-            (p.timing, fail)
+            let fail = take_failure(&mut p.fail_flushes, |k| k == n);
+            (p.timing, fail, p.flushes_blocked)
         };
         self.flush_count += 1;
-        if timing == Timing::Synchronous {
-            // Nothing is held in this mode: everything posted has executed.
-            return match fail {
+        if timing == Timing::Synchronous && !blocked && self.flush_clear(ep, lanes, self.seq) {
+            // Everything posted on these lanes has executed.
+            let posted = match fail {
                 Some(status) => Posted::Done(Err(status)),
                 None => self.inner.flush(ep, lanes, token),
             };
+            if let Posted::Done(result) = posted {
+                self.flush_completed(Completion { token, result });
+            }
+            return posted;
         }
         let release_at = self.polls + self.delay(timing);
         self.flushes.push_back(HeldFlush {
@@ -496,17 +727,19 @@ impl<D: Driver> Driver for FaultInjector<D> {
             due: due(timing),
             fail,
         });
+        self.count_held();
         Posted::InFlight
     }
 
     fn poll(&mut self, out: &mut [Completion]) -> usize {
         self.polls += 1;
         self.now = Instant::now();
+        self.inject();
         let mut n = crate::driver::drain_completions(&mut self.ready, out);
         n += self.inner.poll(&mut out[n..]);
-        let (timing, unordered) = {
+        let (timing, unordered, flushes_blocked) = {
             let p = self.program();
-            (p.timing, p.unordered)
+            (p.timing, p.unordered, p.flushes_blocked)
         };
         let eps = self.held.len();
         let start = if timing == Timing::Reordered {
@@ -527,37 +760,10 @@ impl<D: Driver> Driver for FaultInjector<D> {
                 self.release_lane(ep, lane, unordered & (1 << lane) != 0, out, &mut n);
             }
         }
-        // Flushes whose lanes hold nothing older than them.
-        let mut i = 0;
-        while i < self.flushes.len() && n < out.len() {
-            let f = self.flushes[i];
-            let lanes = self.held.get(f.ep.0 as usize);
-            let clear = lanes.is_none_or(|lanes| {
-                lanes
-                    .iter()
-                    .enumerate()
-                    .all(|(l, q)| f.lanes & (1 << l) == 0 || q.iter().all(|h| h.seq > f.seq))
-            });
-            if clear && f.release_at <= self.polls && f.due <= self.now {
-                self.flushes.remove(i);
-                let result = match f.fail {
-                    Some(status) => Err(status),
-                    None => match self.inner.flush(f.ep, f.lanes, f.token) {
-                        Posted::Done(result) => result,
-                        // The inner driver completes it later, through poll.
-                        Posted::InFlight => continue,
-                        Posted::NoResource => Err(Status::NoResource),
-                    },
-                };
-                out[n] = Completion {
-                    token: f.token,
-                    result,
-                };
-                n += 1;
-            } else {
-                i += 1;
-            }
+        if !flushes_blocked {
+            self.release_flushes(out, &mut n);
         }
+        self.count_held();
         n
     }
 
@@ -601,6 +807,7 @@ impl<D: Driver> Driver for FaultInjector<D> {
                     result: Err(Status::Canceled),
                 }));
         }
+        self.count_held();
         self.inner.quiesce(scope);
     }
 
@@ -637,20 +844,21 @@ impl<D: Driver> Driver for FaultInjector<D> {
 
 impl<D: Driver> DirectPath for FaultInjector<D> {
     /// Runs `ops` one by one through `post` (so injected failures and
-    /// NO_RESOURCE apply to each), and only while the timing is synchronous:
-    /// an operation `post` would hold is left to the engine, which posts it
-    /// itself. The inner driver finishes what it takes inside the call (it
-    /// offers the direct path, or this driver would not offer it).
+    /// NO_RESOURCE apply to each), and only while `post` would finish the
+    /// next one inside the call (its lane's timing is synchronous and its
+    /// lane holds nothing): an operation `post` would hold is left to the
+    /// engine, which posts it itself. The inner driver finishes what it
+    /// takes inside the call (it offers the direct path, or this driver
+    /// would not offer it).
     unsafe fn execute(
         &mut self,
         ep: DriverEp,
         ops: &[Op],
         results: &mut [Result<u32, Status>],
     ) -> usize {
-        let go = |d: &Self| {
-            let p = d.program();
-            p.timing == Timing::Synchronous && p.no_resource == 0
-        };
+        // `execute_by_post` asks before each operation, in order.
+        let mut next = ops.iter();
+        let go = |d: &Self| next.next().is_some_and(|op| d.posts_inline(ep, op));
         // SAFETY: the caller vouches for `ops` as `execute` requires.
         unsafe { crate::driver::execute_by_post(self, ep, ops, results, go) }
     }

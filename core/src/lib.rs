@@ -81,7 +81,7 @@ pub use driver::{
     DriverMemKey, DriverMemory, DriverRkey, LaneMask, MAX_LANES, MemDesc, Op, OpKind, Posted,
     Quiesce, Token, drain_completions, execute_by_post,
 };
-pub use endpoint::{EndpointId, EndpointState};
+pub use endpoint::{EndpointId, EndpointState, FenceState};
 pub use error::Error;
 #[cfg(feature = "testkit")]
 pub use fault::{Executed, FaultHandle, FaultInjector, Timing};

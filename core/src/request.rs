@@ -114,6 +114,12 @@ impl Request {
         self.bits & SUBOP_MASK
     }
 
+    /// Whether this is a worker flush (a FLUSH of scope WORKER).
+    pub(crate) fn is_worker_flush(&self) -> bool {
+        self.opcode == Opcode::FLUSH.as_raw()
+            && self.subop() == ringfence_ring::FlushScope::WORKER.as_raw()
+    }
+
     pub(crate) fn skip_success(&self) -> bool {
         self.bits & SKIP != 0
     }

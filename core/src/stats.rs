@@ -14,8 +14,20 @@ pub struct Stats {
     /// Fence boundaries crossed with a transport fence flag on one ordered
     /// lane instead of a flush (FENCE.md R8).
     pub weak_fences: u64,
-    /// Driver flushes started (by fences, FLUSH and NOTIFY).
+    /// Driver flushes started, whatever started them: the sum of the four
+    /// below.
     pub flushes: u64,
+    /// Driver flushes started by strong fences (FENCE.md R9): one flush of
+    /// the dirty lanes per boundary.
+    pub fence_flushes: u64,
+    /// Driver flushes started by the implicit strong fence before a
+    /// NOTIFY.
+    pub notify_flushes: u64,
+    /// Driver flushes started by FLUSH SQEs and graceful CLOSEs (R21, R41).
+    pub user_flushes: u64,
+    /// Driver flushes started by worker flushes (R26): one per endpoint
+    /// with something to flush.
+    pub worker_flushes: u64,
     /// Requests that waited in an endpoint queue instead of starting at once.
     pub deferrals: u64,
     /// Operations completed with an error.

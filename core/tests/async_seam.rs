@@ -92,8 +92,8 @@ fn mixed(ep: EndpointId, rkey: RkeyId, window: u64, src: &RegisteredBuf) -> Vec<
     (0..100u64)
         .map(|i| {
             match i % 10 {
-                3 => Sqe::fence(e, FenceMode::WEAK),
-                7 => Sqe::fence(e, FenceMode::STRONG),
+                3 => Sqe::fence(e, FenceMode::ORDER),
+                7 => Sqe::fence(e, FenceMode::COMPLETE),
                 9 if i == 49 => Sqe::flush(e),
                 9 => Sqe::atomic_fadd(e, src.local(28 * 1024 + 8 * i), remote(i), 1),
                 k if k % 2 == 0 => Sqe::put(e, src.local(u64::from(BIG) * i), remote(i), 8),
@@ -291,7 +291,7 @@ fn dropping_the_worker_while_the_driver_holds_operations_quiesces_before_freeing
         let mut sqes: Vec<Sqe> = (0..puts)
             .map(|i| Sqe::put(e, src.local(0), remote(i), if i % 3 == 0 { BIG } else { 8 }))
             .collect();
-        sqes.push(Sqe::fence(e, FenceMode::STRONG));
+        sqes.push(Sqe::fence(e, FenceMode::COMPLETE));
         sqes.extend((0..20).map(|i| Sqe::put(e, src.local(0), remote(puts + i), 8)));
         sqes.push(Sqe::flush(e));
         let sqes: Vec<Sqe> = sqes
@@ -978,7 +978,7 @@ fn a_named_simulated_driver_stands_in_for_a_device_driver() {
         &mut qp,
         &[
             Sqe::get(e, device.local(0), remote(0), 64).with_user_data(1),
-            Sqe::fence(e, FenceMode::STRONG).with_user_data(2),
+            Sqe::fence(e, FenceMode::COMPLETE).with_user_data(2),
             Sqe::put(e, device.local(0), remote(1024), 64).with_user_data(3),
             Sqe::flush(e).with_user_data(4),
         ],

@@ -221,9 +221,9 @@ fn run_case(
                         Sqe::fence(
                             e,
                             if *strong {
-                                FenceMode::STRONG
+                                FenceMode::COMPLETE
                             } else {
-                                FenceMode::WEAK
+                                FenceMode::ORDER
                             },
                         ),
                         false,

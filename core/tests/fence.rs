@@ -18,6 +18,7 @@ use ringfence::{
 };
 use ringfence_ring::{CloseMode, Cqe, FenceMode, RemoteBuf, Sqe, Status};
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const BIG: u32 = 1024;
@@ -224,11 +225,11 @@ fn numbered(sqes: &[Sqe]) -> Vec<Sqe> {
 }
 
 fn strong(ep: u32) -> Sqe {
-    Sqe::fence(ep, FenceMode::STRONG)
+    Sqe::fence(ep, FenceMode::COMPLETE)
 }
 
 fn weak(ep: u32) -> Sqe {
-    Sqe::fence(ep, FenceMode::WEAK)
+    Sqe::fence(ep, FenceMode::ORDER)
 }
 
 fn all_ok(cqes: &[Cqe]) {
@@ -473,7 +474,7 @@ fn r27_r29_atomics_join_epochs_add_fence_fadd_sees_every_add(over: Over) {
     // value must be i + 1. Atomics use the last lane; the lanes are
     // unordered and shuffled, so only the fence can order the add before the
     // fetch-add (R27, R28); the fetched value is valid at the CQE (R29).
-    for mode in [FenceMode::STRONG, FenceMode::WEAK] {
+    for mode in [FenceMode::COMPLETE, FenceMode::ORDER] {
         let mut r = rig(over, 3, 1, Timing::Reordered, 256);
         r.fault.set_unordered(0b111);
         let ep = r.ep(0);
@@ -837,6 +838,373 @@ fn w5_the_first_error_is_the_one_source_of_truth(over: Over) {
 
 // ---------------------------------------------------------------- model
 
+// ------------------------------------------- findings of the adversarial suite
+
+/// Progress until the injector has seen `n` flushes.
+fn until_flushes(r: &Rig, n: usize) {
+    let deadline = Instant::now() + HANG;
+    while r.fault.flushes().len() < n {
+        r.initiator.progress();
+        assert!(Instant::now() < deadline, "flush {n} never started");
+    }
+}
+
+/// The lane masks of every flush the injector saw.
+fn flush_masks(r: &Rig) -> Vec<u64> {
+    r.fault.flushes().iter().map(|f| f.1).collect()
+}
+
+/// Finding 1 (R8, R38): A is in flight on the one ordered lane; a weak
+/// fence admits B on it, but the driver has no room for B; the lane is
+/// replaced before B is posted again. The old channel's A is not ordered
+/// with the new channel, so B must wait for a flush (of every lane, R38)
+/// instead of riding on the fence flag alone.
+fn r8_r38_a_lane_replaced_between_a_weak_fence_decision_and_its_post_takes_the_flush(over: Over) {
+    let mut r = rig(over, 1, 1, Timing::Delayed(3), 256);
+    let ep = r.ep(0);
+    r.submit(&[r.put(0, 0, false, false).with_user_data(0)]);
+    r.initiator.progress(); // A is held by the injector
+    // No room for B, for as long as it takes to replace the lane.
+    r.fault.no_resource(u32::MAX);
+    r.submit(&[
+        weak(ep).with_user_data(1),
+        r.put(0, 0, false, true).with_user_data(2),
+    ]);
+    r.initiator.progress(); // the weak decision; B refused
+    let state = r.initiator.fence_state(r.eps[0].0).unwrap();
+    assert_eq!(state.weak.map(|(lane, _)| lane), Some(0), "{state:?}");
+    assert_eq!(state.deferred, 1, "{state:?}");
+    r.fault
+        .bump_generation(r.initiator.driver_endpoint(r.eps[0].0).unwrap(), 0);
+    r.fault.no_resource(0);
+    all_ok(&r.drain(3));
+    assert_eq!(
+        flush_masks(&r),
+        vec![0b1],
+        "B went out on the fence flag alone"
+    );
+    let s = r.stats(0);
+    assert_eq!((s.weak_fences, s.fence_flushes), (1, 1), "{s:?}");
+    assert_eq!(r.byte_at(0, 0), 0xbb);
+}
+
+/// Finding 2 (W2, R17): a user FLUSH that completed cleans the lanes it
+/// flushed, so the next fence needs no flush of them; a lane written while
+/// the FLUSH was in flight stays dirty.
+fn w2_a_completed_user_flush_cleans_the_lanes_it_flushed(over: Over) {
+    let mut r = rig(over, 3, 1, Timing::NextPoll, 256);
+    let ep = r.ep(0);
+    all_ok(&r.run(&[
+        r.put(0, 0, true, false),
+        r.put(0, 1, true, false),
+        Sqe::flush(ep),
+    ]));
+    let state = r.initiator.fence_state(r.eps[0].0).unwrap();
+    assert_eq!(
+        (state.dirty_lanes, state.covered_lanes),
+        (0, 0),
+        "{state:?}"
+    );
+    all_ok(&r.run(&[strong(ep), r.put(0, 2, true, true)]));
+    assert_eq!(
+        flush_masks(&r),
+        vec![0b110],
+        "the fence flushed clean lanes again"
+    );
+    let s = r.stats(0);
+    assert_eq!(
+        (s.user_flushes, s.fence_flushes, s.flushes),
+        (1, 0, 1),
+        "{s:?}"
+    );
+
+    // Lane 0 written again after the FLUSH started: dirty after it.
+    r.fault.set_timing(Timing::Delayed(3));
+    r.submit(&[
+        r.put(0, 3, false, false).with_user_data(10),
+        Sqe::flush(ep).with_user_data(11),
+    ]);
+    until_flushes(&r, 2);
+    let state = r.initiator.fence_state(r.eps[0].0).unwrap();
+    // Lane 0, and lane 1 (the big PUT after the fence).
+    assert_eq!(state.covered_lanes, 0b011, "{state:?}");
+    r.submit(&[r.put(0, 4, false, false).with_user_data(12)]);
+    all_ok(&r.drain(3));
+    let state = r.initiator.fence_state(r.eps[0].0).unwrap();
+    assert_eq!(
+        (state.dirty_lanes, state.covered_lanes),
+        (0b001, 0),
+        "{state:?}"
+    );
+    all_ok(&r.run(&[strong(ep), r.put(0, 5, true, true)]));
+    assert_eq!(
+        flush_masks(&r)[2..],
+        [0b001],
+        "lane 0 was written after the flush"
+    );
+}
+
+/// Finding 2, the fast path: once a flush completed every outstanding
+/// lane, the epochs fast-forward (R10), so C = W again.
+fn r10_a_completed_flush_of_everything_fast_forwards_the_epochs(over: Over) {
+    let mut r = rig(over, 2, 1, Timing::NextPoll, 256);
+    let ep = r.ep(0);
+    all_ok(&r.run(&[
+        r.put(0, 0, false, false),
+        weak(ep),
+        r.put(0, 0, false, true),
+    ]));
+    let state = r.initiator.fence_state(r.eps[0].0).unwrap();
+    assert!(state.submit_epoch > state.admitted_epoch, "{state:?}");
+    assert!(state.weak.is_some(), "{state:?}");
+    all_ok(&r.run(&[Sqe::flush(ep)]));
+    let state = r.initiator.fence_state(r.eps[0].0).unwrap();
+    assert_eq!(state.submit_epoch, state.admitted_epoch, "{state:?}");
+    assert_eq!((state.weak, state.dirty_lanes), (None, 0), "{state:?}");
+}
+
+/// After a weak fence whose flag went out, the direct path serves the
+/// endpoint again on the fenced lane (R8: the lane orders what follows),
+/// and declines for another lane (a big PUT needs the flush). Loopback
+/// only: the direct path runs operations inside the call.
+#[test]
+fn r8_the_direct_path_serves_an_endpoint_again_after_a_weak_fence() {
+    let mut r = rig(Over::Loopback, 2, 1, Timing::Synchronous, 256);
+    let ep = r.ep(0);
+    all_ok(&r.run(&[
+        r.put(0, 0, false, false),
+        weak(ep),
+        r.put(0, 0, false, true),
+    ]));
+    assert_eq!(r.stats(0).weak_fences, 1);
+    let small = r.put(0, 1, false, true);
+    assert_eq!(
+        r.qp.try_now(&small),
+        Some(Ok(8)),
+        "the direct path declined"
+    );
+    let big = r.put(0, 2, true, true);
+    assert_eq!(
+        r.qp.try_now(&big),
+        None,
+        "another lane needs the strong path"
+    );
+    assert_eq!(r.byte_at(0, 1), 0xbb);
+}
+
+/// Finding 4: a driver that calls back into its worker (here `progress`
+/// from inside `post`) gets a panic naming the rule, not a silent
+/// deadlock.
+#[test]
+fn a_driver_that_reenters_its_worker_panics_with_a_message() {
+    let hook: Hook = Arc::new(Mutex::new(None));
+    let worker = Arc::new(
+        Worker::builder()
+            .driver(Reentrant {
+                inner: Loopback::with_mode(CompletionMode::Immediate),
+                hook: hook.clone(),
+            })
+            .ignore_env()
+            .build()
+            .unwrap(),
+    );
+    let target = Worker::builder()
+        .driver(Loopback::new())
+        .ignore_env()
+        .build()
+        .unwrap();
+    let window = target.alloc_registered(64).unwrap();
+    let ep = worker.connect(target.address()).unwrap();
+    let rkey = worker
+        .unpack_rkey(ep, &target.pack_rkey(window.handle()).unwrap())
+        .unwrap();
+    let src = worker.alloc_registered(64).unwrap();
+    let mut qp = worker.create_queue().unwrap();
+    let w = worker.clone();
+    *hook.lock().unwrap() = Some(Box::new(move || {
+        w.progress();
+    }));
+    let remote = RemoteBuf {
+        rkey: rkey.as_raw(),
+        addr: window.addr(),
+    };
+    qp.push(Sqe::put(ep.as_raw(), src.local(0), remote, 8))
+        .unwrap();
+    qp.submit();
+    let w = worker.clone();
+    let panic = std::thread::spawn(move || w.progress())
+        .join()
+        .expect_err("re-entry went unnoticed");
+    let message = panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())
+        .unwrap_or_default();
+    assert!(
+        message.contains("entered again") && message.contains("drivers must never call the engine"),
+        "{message}"
+    );
+    // The panic left the round half done: the engine is not used again
+    // (its teardown would run on that state).
+    std::mem::forget(worker);
+}
+
+type Hook = Arc<Mutex<Option<Box<dyn FnOnce() + Send>>>>;
+
+/// Loopback, whose `post` runs a hook once: a driver that breaks the
+/// contract.
+struct Reentrant {
+    inner: Loopback,
+    hook: Hook,
+}
+
+impl std::fmt::Debug for Reentrant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Reentrant")
+    }
+}
+
+impl ringfence::Driver for Reentrant {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    fn capabilities(&self) -> ringfence::Capabilities {
+        self.inner.capabilities()
+    }
+    fn attach(&mut self, ctx: ringfence::DriverContext) {
+        self.inner.attach(ctx);
+    }
+    fn address(&self) -> Vec<u8> {
+        self.inner.address()
+    }
+    fn connect(
+        &mut self,
+        peer: &[u8],
+        lanes: u8,
+        token: ringfence::Token,
+    ) -> Result<ringfence::Connect, ringfence::DriverError> {
+        self.inner.connect(peer, lanes, token)
+    }
+    fn disconnect(&mut self, ep: DriverEp) {
+        self.inner.disconnect(ep);
+    }
+    fn register(
+        &mut self,
+        mem: &ringfence::MemDesc,
+    ) -> Result<ringfence::DriverMemKey, ringfence::DriverError> {
+        self.inner.register(mem)
+    }
+    fn deregister(&mut self, key: ringfence::DriverMemKey) {
+        self.inner.deregister(key);
+    }
+    fn pack_rkey(&self, key: ringfence::DriverMemKey) -> Result<Vec<u8>, ringfence::DriverError> {
+        self.inner.pack_rkey(key)
+    }
+    fn unpack_rkey(
+        &mut self,
+        ep: DriverEp,
+        blob: &[u8],
+    ) -> Result<ringfence::DriverRkey, ringfence::DriverError> {
+        self.inner.unpack_rkey(ep, blob)
+    }
+    unsafe fn post(
+        &mut self,
+        ep: DriverEp,
+        op: &ringfence::Op,
+        token: ringfence::Token,
+    ) -> ringfence::Posted {
+        let hook = self.hook.lock().unwrap().take();
+        if let Some(hook) = hook {
+            hook();
+        }
+        // SAFETY: forwarded under the caller's guarantee.
+        unsafe { self.inner.post(ep, op, token) }
+    }
+    fn flush(&mut self, ep: DriverEp, lanes: u64, token: ringfence::Token) -> ringfence::Posted {
+        self.inner.flush(ep, lanes, token)
+    }
+    fn poll(&mut self, out: &mut [ringfence::Completion]) -> usize {
+        self.inner.poll(out)
+    }
+}
+
+// ---------------------------------------------------------------- R26 worker flush
+
+/// R26: a worker flush covers what every endpoint had submitted before
+/// it, including requests deferred behind a fence flush in flight (R23),
+/// and does not wait for what is submitted after it.
+fn r26_a_worker_flush_covers_every_endpoint_mid_fence_and_not_later_work(over: Over) {
+    let mut r = rig(over, 3, 2, Timing::Delayed(3), 256);
+    let ep0 = r.ep(0);
+    r.submit(&[
+        r.put(0, 0, true, false).with_user_data(1),
+        strong(ep0).with_user_data(2),
+        r.put(0, 1, true, true).with_user_data(3), // deferred behind the fence flush
+        r.put(1, 0, false, false).with_user_data(4),
+        Sqe::flush_worker().with_user_data(5),
+    ]);
+    // The fence flush and the worker flush's part on endpoint 1.
+    until_flushes(&r, 2);
+    let state = r.initiator.fence_state(r.eps[0].0).unwrap();
+    assert!(
+        state.fence_flush.is_some() && state.deferred == 1,
+        "{state:?}"
+    );
+    // Later work (a small PUT, lane 0) never lands; the deferred PUT of
+    // endpoint 0 (a big one) keeps its lane's timing.
+    r.fault.set_lane_timing(0, Timing::Delayed(1_000_000));
+    r.submit(&[r.put(1, 1, false, true).with_user_data(6)]);
+    let deadline = Instant::now() + HANG;
+    let mut seen: Vec<Cqe> = Vec::new();
+    while !seen.iter().any(|c| c.user_data == 5) {
+        r.initiator.progress();
+        while let Some(c) = r.qp.pop().unwrap() {
+            seen.push(c);
+        }
+        assert!(Instant::now() < deadline, "the worker flush hung: {seen:?}");
+    }
+    all_ok(&seen);
+    let landed: Vec<(u32, u64)> = r
+        .log()
+        .iter()
+        .map(|x| {
+            (
+                x.ep.0,
+                (x.remote_addr - r.windows[x.ep.0 as usize].addr()) / SLOT,
+            )
+        })
+        .collect();
+    for want in [(0, 0), (0, 1), (1, 0)] {
+        assert!(
+            landed.contains(&want),
+            "{want:?} had not landed: {landed:?}"
+        );
+    }
+    assert!(
+        !landed.contains(&(1, 1)),
+        "{landed:?} {:?}",
+        r.fault.flushes()
+    );
+    assert_eq!(
+        r.initiator.stats().worker_flushes,
+        2,
+        "one part per endpoint"
+    );
+}
+
+/// R26: a worker flush with nothing outstanding anywhere completes at
+/// once, without a driver flush; with no endpoint at all too.
+fn r26_an_idle_worker_flush_completes_at_once(over: Over) {
+    let mut r = rig(over, 2, 2, Timing::Delayed(5), 256);
+    all_ok(&r.run(&[Sqe::flush_worker()]));
+    assert!(r.fault.flushes().is_empty());
+    // A named endpoint is refused: the field is reserved.
+    let mut named = Sqe::flush_worker();
+    named.endpoint = 1;
+    let cqes = r.run(&[named]);
+    assert_eq!(cqes[0].res, Status::InvalidEndpoint.as_raw());
+}
+
 #[derive(Debug, Clone)]
 enum Step {
     Put { ep: usize, big: bool },
@@ -964,9 +1332,9 @@ fn run_model(
                     Sqe::fence(
                         r.ep(ep),
                         if s {
-                            FenceMode::STRONG
+                            FenceMode::COMPLETE
                         } else {
-                            FenceMode::WEAK
+                            FenceMode::ORDER
                         },
                     ),
                     false,
@@ -1275,4 +1643,9 @@ over_both!(
     w3_deferral_and_back_pressure_never_surface_as_a_status,
     w4_a_straggler_blocked_before_the_snapshot_is_covered,
     w5_the_first_error_is_the_one_source_of_truth,
+    r8_r38_a_lane_replaced_between_a_weak_fence_decision_and_its_post_takes_the_flush,
+    w2_a_completed_user_flush_cleans_the_lanes_it_flushed,
+    r10_a_completed_flush_of_everything_fast_forwards_the_epochs,
+    r26_a_worker_flush_covers_every_endpoint_mid_fence_and_not_later_work,
+    r26_an_idle_worker_flush_completes_at_once,
 );

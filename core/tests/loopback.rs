@@ -137,7 +137,7 @@ fn put_and_get_move_the_right_bytes_at_every_size() {
             let ep = p.ep.as_raw();
             let sqes = [
                 Sqe::put(ep, src.local(0), p.remote(7), len as u32).with_user_data(1),
-                Sqe::fence(ep, FenceMode::STRONG).with_user_data(2),
+                Sqe::fence(ep, FenceMode::COMPLETE).with_user_data(2),
                 Sqe::get(ep, back.local(0), p.remote(7), len as u32).with_user_data(3),
             ];
             let cqes = run(&p.initiator, &mut qp, &sqes, 3);
@@ -172,7 +172,7 @@ fn atomics_fetch_and_apply() {
         let mut qp = p.initiator.create_queue().unwrap();
         let ep = p.ep.as_raw();
         p.window.write(8, &10u64.to_ne_bytes());
-        let strong = |ud| Sqe::fence(ep, FenceMode::STRONG).with_user_data(ud);
+        let strong = |ud| Sqe::fence(ep, FenceMode::COMPLETE).with_user_data(ud);
         let sqes = [
             Sqe::atomic_add(ep, p.remote(8), 5).with_user_data(1),
             strong(100),
@@ -311,7 +311,7 @@ fn every_invalid_sqe_gets_its_own_status_and_writes_nothing() {
         bad_flags.flags = 0x80;
         let mut reserved = put;
         reserved.reserved1 = 1;
-        let mut bad_subop = Sqe::fence(ep, FenceMode::STRONG);
+        let mut bad_subop = Sqe::fence(ep, FenceMode::COMPLETE);
         bad_subop.subop = 7;
         let mut put_subop = put;
         put_subop.subop = 1;
@@ -447,7 +447,7 @@ fn a_full_cq_overflows_and_loses_nothing() {
                         },
                         8,
                     ),
-                    _ => Sqe::fence(ep.as_raw(), FenceMode::STRONG),
+                    _ => Sqe::fence(ep.as_raw(), FenceMode::COMPLETE),
                 }
                 .with_user_data(i)
             })
@@ -547,7 +547,7 @@ fn dropping_the_worker_cancels_everything_in_flight_exactly_once() {
         for i in 0..20u64 {
             sqes.push(Sqe::put(ep, src.local(0), p.remote(0), 64).with_user_data(i));
             if i % 5 == 4 {
-                sqes.push(Sqe::fence(ep, FenceMode::STRONG).with_user_data(100 + i));
+                sqes.push(Sqe::fence(ep, FenceMode::COMPLETE).with_user_data(100 + i));
             }
         }
         qp.push_batch(&sqes).unwrap();
@@ -613,7 +613,7 @@ fn a_strong_fence_orders_puts_across_lanes() {
             src.write(8192, &vec![round as u8 + 1; 8192]);
             let sqes = [
                 Sqe::put(ep, src.local(0), p.remote(0), 8192).with_user_data(1),
-                Sqe::fence(ep, FenceMode::STRONG).with_user_data(2),
+                Sqe::fence(ep, FenceMode::COMPLETE).with_user_data(2),
                 Sqe::put(ep, src.local(8192), p.remote(0), 8192).with_user_data(3),
             ];
             run(&p.initiator, &mut qp, &sqes, 3);
@@ -894,7 +894,7 @@ fn try_now_runs_where_the_ring_would_start_at_once_and_declines_elsewhere() {
 
     // A pushed SQE not yet submitted, then submitted but not yet taken,
     // goes first: declined, and nothing written.
-    let fence = Sqe::fence(ep, FenceMode::STRONG).with_user_data(7);
+    let fence = Sqe::fence(ep, FenceMode::COMPLETE).with_user_data(7);
     qp.push(fence).unwrap();
     assert_eq!(qp.try_now(&put(128, 8)), None);
     qp.submit();

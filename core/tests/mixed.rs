@@ -237,7 +237,7 @@ fn r28_a_strong_fence_orders_effects_across_drivers() {
     let flushes_b = m.b.flushes().len();
     m.run(&[
         m.put(0, 4096, BIG, 3),
-        Sqe::fence(m.ep, FenceMode::STRONG).with_user_data(4),
+        Sqe::fence(m.ep, FenceMode::COMPLETE).with_user_data(4),
         m.put(u64::from(BIG), 4096, 8, 5),
     ]);
     m.window.read(4096, &mut got);
@@ -326,7 +326,7 @@ fn a_flush_part_that_fails_fails_the_endpoint_and_everything_completes_once() {
     let sqes = [
         m.put(0, 0, 8, 1),
         m.put(0, 2048, BIG, 2),
-        Sqe::fence(m.ep, FenceMode::STRONG).with_user_data(3),
+        Sqe::fence(m.ep, FenceMode::COMPLETE).with_user_data(3),
         m.put(0, 16, 8, 4),
         m.put(0, 24, 8, 5),
     ];

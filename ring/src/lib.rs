@@ -124,7 +124,9 @@ pub use region::{AppSide, EngineSide, Region, RegionBuilder, RegionError};
 pub use sleep::{Sleeper, WakeFlag, sleep};
 pub use sqe::{LocalBuf, RemoteBuf, Sqe};
 pub use status::{Status, UnknownStatus, strerror};
-pub use value::{AtomicOp, CloseMode, CqeFlags, FenceMode, Field, Opcode, SqeFlags, UnknownValue};
+pub use value::{
+    AtomicOp, CloseMode, CqeFlags, FenceMode, Field, FlushScope, Opcode, SqeFlags, UnknownValue,
+};
 
 /// Why [`Consumer::wait`] failed.
 #[cfg(not(loom))]

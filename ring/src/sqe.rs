@@ -1,7 +1,7 @@
 //! The submission queue entry: 64 bytes, one cache line.
 
 use crate::entry::{Entry, private::Sealed};
-use crate::value::{AtomicOp, CloseMode, FenceMode, Opcode, SqeFlags, UnknownValue};
+use crate::value::{AtomicOp, CloseMode, FenceMode, FlushScope, Opcode, SqeFlags, UnknownValue};
 use static_assertions::{assert_eq_size, const_assert_eq};
 
 /// A buffer in the initiator's own registered memory.
@@ -44,7 +44,8 @@ pub struct Sqe {
     pub opcode: u8,
     /// [`SqeFlags`], raw.
     pub flags: u8,
-    /// The [`AtomicOp`] of an ATOMIC or the [`FenceMode`] of a FENCE, raw;
+    /// The [`AtomicOp`] of an ATOMIC, the [`FenceMode`] of a FENCE or the
+    /// [`FlushScope`] of a FLUSH, raw;
     /// zero otherwise.
     pub subop: u8,
     /// Reserved; must be zero.
@@ -239,6 +240,16 @@ impl Sqe {
         sqe
     }
 
+    /// A worker flush (a quiet, FENCE.md R26): completes when everything
+    /// submitted on every endpoint of the worker before it is remotely
+    /// complete, without waiting for anything submitted after it.
+    #[inline]
+    pub const fn flush_worker() -> Sqe {
+        let mut sqe = Sqe::new(Opcode::FLUSH);
+        sqe.subop = FlushScope::WORKER.as_raw();
+        sqe
+    }
+
     /// A notification carrying `len` bytes of `payload` to the peer.
     #[inline]
     pub const fn notify(endpoint: u32, payload: LocalBuf, len: u32) -> Sqe {
@@ -316,6 +327,15 @@ impl Sqe {
     #[inline]
     pub fn fence_mode(&self) -> Result<FenceMode, UnknownValue> {
         FenceMode::try_from(self.subop)
+    }
+
+    /// The [`FlushScope`] of a FLUSH.
+    ///
+    /// # Errors
+    /// [`UnknownValue`] if `subop` is not a [`FlushScope`].
+    #[inline]
+    pub fn flush_scope(&self) -> Result<FlushScope, UnknownValue> {
+        FlushScope::try_from(self.subop)
     }
 
     /// Whether both reserved fields are zero, as they must be.
@@ -399,14 +419,14 @@ mod tests {
             (Ok(AtomicOp::CSWAP), 8, 9)
         );
 
-        let weak = Sqe::fence(2, FenceMode::WEAK);
+        let weak = Sqe::fence(2, FenceMode::ORDER);
         assert_eq!(
             (weak.opcode(), weak.fence_mode(), weak.endpoint),
-            (Ok(Opcode::FENCE), Ok(FenceMode::WEAK), 2)
+            (Ok(Opcode::FENCE), Ok(FenceMode::ORDER), 2)
         );
         assert_eq!(
-            Sqe::fence(2, FenceMode::STRONG).fence_mode(),
-            Ok(FenceMode::STRONG)
+            Sqe::fence(2, FenceMode::COMPLETE).fence_mode(),
+            Ok(FenceMode::COMPLETE)
         );
 
         let flush = Sqe::flush(6);

@@ -22,6 +22,8 @@ pub enum Field {
     FenceMode,
     /// [`Sqe::subop`](crate::Sqe::subop) of a CLOSE.
     CloseMode,
+    /// [`Sqe::subop`](crate::Sqe::subop) of a FLUSH.
+    FlushScope,
     /// [`Cqe::flags`](crate::Cqe::flags).
     CqeFlags,
 }
@@ -41,7 +43,9 @@ impl UnknownValue {
         match self.field {
             Field::Opcode => Status::InvalidOpcode,
             Field::SqeFlags | Field::CqeFlags => Status::InvalidFlags,
-            Field::AtomicOp | Field::FenceMode | Field::CloseMode => Status::InvalidSubop,
+            Field::AtomicOp | Field::FenceMode | Field::CloseMode | Field::FlushScope => {
+                Status::InvalidSubop
+            }
         }
     }
 }
@@ -165,13 +169,52 @@ closed_set! {
 }
 
 closed_set! {
-    /// The strength of an [`Opcode::FENCE`].
+    /// What an [`Opcode::FENCE`] promises. Not to be confused with the
+    /// *paths* of FENCE.md (§2), which are how the engine keeps a promise:
+    /// at the next operation after the fence it takes the free path
+    /// (nothing outstanding, R10), the weak path (a transport fence flag on
+    /// the one ordered lane everything is on, R8) or the strong path (a
+    /// flush of the dirty lanes, R9).
+    ///
+    /// | mode       | free path | weak path | strong path          |
+    /// |------------|-----------|-----------|----------------------|
+    /// | `ORDER`    | yes       | yes       | when the weak cannot |
+    /// | `COMPLETE` | yes       | never     | always otherwise     |
     pub struct FenceMode(u8) as FenceMode {
-        /// Ordering only: may be satisfied by a transport fence on one
-        /// ordered lane.
-        WEAK = 0,
-        /// Everything before is remotely complete before anything after starts.
-        STRONG = 1,
+        /// Order only: what comes after takes effect at the target after
+        /// what came before (FENCE.md R5). The engine picks the cheapest
+        /// path that keeps the order.
+        ORDER = 0,
+        /// Complete: nothing after starts before everything before is
+        /// remotely complete; the strong path whenever anything is
+        /// outstanding, even on one ordered lane.
+        COMPLETE = 1,
+    }
+}
+
+impl FenceMode {
+    /// The former name of [`FenceMode::ORDER`].
+    #[deprecated(
+        note = "renamed FenceMode::ORDER: it names what a fence promises, not a FENCE.md path"
+    )]
+    pub const WEAK: FenceMode = FenceMode::ORDER;
+    /// The former name of [`FenceMode::COMPLETE`].
+    #[deprecated(
+        note = "renamed FenceMode::COMPLETE: it names what a fence promises, not a FENCE.md path"
+    )]
+    pub const STRONG: FenceMode = FenceMode::COMPLETE;
+}
+
+closed_set! {
+    /// What an [`Opcode::FLUSH`] covers.
+    pub struct FlushScope(u8) as FlushScope {
+        /// Everything submitted on the SQE's endpoint before it (FENCE.md
+        /// R21, R23).
+        ENDPOINT = 0,
+        /// Everything submitted on every endpoint of the worker before it
+        /// (a quiet, R26): the SQE's `endpoint` must be 0. Work submitted
+        /// after it, on any endpoint, is not waited for.
+        WORKER = 1,
     }
 }
 

@@ -74,7 +74,7 @@ fn put_and_get_from_1_byte_to_64_mib() {
         let e = ep.as_raw();
         let sqes = [
             Sqe::put(e, src.local(0), remote, len as u32).with_user_data(1),
-            Sqe::fence(e, FenceMode::STRONG).with_user_data(2),
+            Sqe::fence(e, FenceMode::COMPLETE).with_user_data(2),
             Sqe::get(e, back.local(0), remote, len as u32).with_user_data(3),
         ];
         let mut cqes = shm::complete(&w, &mut qp, &sqes, 3);
@@ -259,9 +259,9 @@ fn mixed_operations_with_fences_match_a_model() {
         let mut touched: Vec<(usize, usize)> = Vec::new();
         let fence = |sqes: &mut Vec<Sqe>, expects: &mut Vec<Expect>, rng: &mut Rng| {
             let mode = if rng.below(2) == 0 {
-                FenceMode::WEAK
+                FenceMode::ORDER
             } else {
-                FenceMode::STRONG
+                FenceMode::COMPLETE
             };
             sqes.push(Sqe::fence(e, mode));
             expects.push(Expect::Zero);
@@ -448,7 +448,7 @@ fn cross_memory_attach_for_heap_memory() {
     src.write(0, &data);
     let sqes = [
         Sqe::put(e, src.local(0), remote(1000), 3000).with_user_data(1),
-        Sqe::fence(e, FenceMode::STRONG).with_user_data(2),
+        Sqe::fence(e, FenceMode::COMPLETE).with_user_data(2),
         Sqe::get(e, src.local(LEN as u64), remote(1000), 3000).with_user_data(3),
         Sqe::atomic_add(e, remote(8), 1).with_user_data(4),
     ];

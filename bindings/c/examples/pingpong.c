@@ -171,7 +171,7 @@ static int ping(int fd, uint64_t rounds)
         uint64_t value = seq == rounds ? UINT64_MAX : seq;
         put_value(&s, value);
         struct rf_sqe *sqe = rf_get_sqe(&s.ring);
-        rf_prep_fence(sqe, s.ep, RF_FENCE_STRONG);
+        rf_prep_fence(sqe, s.ep, RF_FENCE_COMPLETE);
         rf_sqe_set_flags(sqe, RF_SQE_SKIP_SUCCESS);
         sqe = rf_get_sqe(&s.ring);
         rf_prep_get(sqe, s.ep, &s.scratch[1], s.scratch_mem, s.remote, s.rkey, 8);

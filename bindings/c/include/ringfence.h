@@ -109,15 +109,38 @@
 #define RF_ATOMIC_CSWAP 3
 
 /**
- * Fence: orders later operations after earlier ones.
+ * Fence mode "order": later operations take effect at the target after
+ * earlier ones; the engine picks the cheapest way (nothing when nothing
+ * is outstanding, a transport fence on one ordered lane, else a flush).
  */
-#define RF_FENCE_WEAK 0
+#define RF_FENCE_ORDER 0
 
 /**
- * Fence: everything before is remotely complete before anything after
- * starts.
+ * Fence mode "complete": nothing after starts before everything before
+ * is remotely complete (a flush whenever anything is outstanding).
  */
-#define RF_FENCE_STRONG 1
+#define RF_FENCE_COMPLETE 1
+
+/**
+ * Deprecated: the former name of `RF_FENCE_ORDER`.
+ */
+#define RF_FENCE_WEAK RF_FENCE_ORDER
+
+/**
+ * Deprecated: the former name of `RF_FENCE_COMPLETE`.
+ */
+#define RF_FENCE_STRONG RF_FENCE_COMPLETE
+
+/**
+ * Flush scope: everything submitted on the SQE's endpoint before it.
+ */
+#define RF_FLUSH_ENDPOINT 0
+
+/**
+ * Flush scope: everything submitted on every endpoint of the worker
+ * before it (a quiet); the SQE's endpoint must be 0.
+ */
+#define RF_FLUSH_WORKER 1
 
 /**
  * Close after everything submitted before is remotely complete.
@@ -564,6 +587,85 @@ struct rf_worker_config {
   uint32_t reserved[7];
 };
 
+/**
+ * A snapshot of an endpoint's fence engine, from `rf_ep_fence_state`
+ * (FENCE.md §3 names the epochs and masks). Consistent when taken;
+ * progress may change it right after.
+ */
+struct rf_fence_state {
+  /**
+   * W: the submission epoch, bumped by every FENCE and before every
+   * NOTIFY.
+   */
+  uint64_t submit_epoch;
+  /**
+   * C: the admitted epoch; requests of epochs up to C may start.
+   */
+  uint64_t admitted_epoch;
+  /**
+   * D: lanes written since the last flush of them started.
+   */
+  uint64_t dirty_lanes;
+  /**
+   * Lanes whose earlier work FLUSHes, CLOSEs or worker flushes in
+   * flight cover (clean once they complete).
+   */
+  uint64_t covered_lanes;
+  /**
+   * Lanes of the strong fence flush in flight; 0 when none is.
+   */
+  uint64_t flushing_lanes;
+  /**
+   * The epoch C moves to when that flush completes; 0 when none is.
+   */
+  uint64_t fence_target;
+  /**
+   * The epoch a weak fence admitted on `weak_lane` only; 0 when none.
+   */
+  uint64_t weak_epoch;
+  /**
+   * FENCE SQEs taken on the endpoint.
+   */
+  uint64_t fences;
+  /**
+   * Boundaries crossed with a transport fence flag on one ordered lane.
+   */
+  uint64_t weak_fences;
+  /**
+   * Driver flushes started by strong fences.
+   */
+  uint64_t fence_flushes;
+  /**
+   * Driver flushes started by the implicit fence before a NOTIFY.
+   */
+  uint64_t notify_flushes;
+  /**
+   * Driver flushes started by FLUSH SQEs and graceful CLOSEs.
+   */
+  uint64_t user_flushes;
+  /**
+   * Driver flushes started by worker flushes (`RF_FLUSH_WORKER`).
+   */
+  uint64_t worker_flushes;
+  /**
+   * Requests waiting in the endpoint's FIFO behind a boundary or the
+   * handshake.
+   */
+  uint32_t deferred;
+  /**
+   * Requests and flushes at the driver, not yet completed.
+   */
+  uint32_t in_flight;
+  /**
+   * The lane of `weak_epoch`; 255 when none.
+   */
+  uint8_t weak_lane;
+  /**
+   * Zero.
+   */
+  uint8_t reserved[7];
+};
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -877,6 +979,21 @@ int rf_ep_connect(rf_worker_t worker, const void *addr, size_t len, uint32_t *ep
 int rf_ep_state(rf_worker_t worker, uint32_t ep, int *error);
 
 /**
+ * Stores a snapshot of endpoint `ep`'s fence engine in `*state`: its
+ * epochs, dirty and covered lanes, the fence flush in flight, the weak
+ * admission, the deferred and in-flight counts, and its fence and flush
+ * counters by cause.
+ *
+ * Returns 0; `RF_EINVALID_ARGUMENT` if `state` is NULL or misaligned;
+ * `RF_EINVALID_ENDPOINT` for an id `rf_ep_connect` did not hand out;
+ * `RF_ESTALE_HANDLE`.
+ *
+ * # Safety
+ * - `state` is NULL or points to a writable `struct rf_fence_state`.
+ */
+int rf_ep_fence_state(rf_worker_t worker, uint32_t ep, struct rf_fence_state *state);
+
+/**
  * One bounded round of progress on the caller's thread: drains the rings'
  * SQs, advances fences, polls the drivers, posts CQEs.
  *
@@ -1102,7 +1219,9 @@ static inline void rf_prep_atomic(struct rf_sqe *sqe, uint32_t ep, uint8_t op, v
     sqe->operand2 = operand2;
 }
 
-/* A fence of strength `mode` (RF_FENCE_WEAK or RF_FENCE_STRONG) on `ep`. */
+/* A fence on `ep`: `mode` RF_FENCE_ORDER (order only; the engine picks the
+   cheapest way to keep it) or RF_FENCE_COMPLETE (later operations wait
+   until earlier ones are remotely complete). */
 static inline void rf_prep_fence(struct rf_sqe *sqe, uint32_t ep, uint8_t mode)
 {
     _rf_prep(sqe, RF_OP_FENCE, mode, ep, 0, 0, NULL, 0, 0);
@@ -1112,7 +1231,16 @@ static inline void rf_prep_fence(struct rf_sqe *sqe, uint32_t ep, uint8_t mode)
    remotely complete. */
 static inline void rf_prep_flush(struct rf_sqe *sqe, uint32_t ep)
 {
-    _rf_prep(sqe, RF_OP_FLUSH, 0, ep, 0, 0, NULL, 0, 0);
+    _rf_prep(sqe, RF_OP_FLUSH, RF_FLUSH_ENDPOINT, ep, 0, 0, NULL, 0, 0);
+}
+
+/* A worker flush (a quiet): completes when everything submitted on every
+   endpoint of the worker before it is remotely complete; work submitted
+   after it is not waited for. Its result is 0, or the first error of an
+   endpoint that failed meanwhile. */
+static inline void rf_prep_flush_worker(struct rf_sqe *sqe)
+{
+    _rf_prep(sqe, RF_OP_FLUSH, RF_FLUSH_WORKER, 0, 0, 0, NULL, 0, 0);
 }
 
 /* A notification of `len` bytes at `payload` (registered as `payload_mem`)

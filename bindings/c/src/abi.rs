@@ -9,8 +9,8 @@
 
 use core::ffi::c_char;
 use ringfence_ring::{
-    AtomicOp, CloseMode, ConsumerLine, Cqe, CqeFlags, FenceMode, Opcode, ProducerLine, Sqe,
-    SqeFlags, Status,
+    AtomicOp, CloseMode, ConsumerLine, Cqe, CqeFlags, FenceMode, FlushScope, Opcode, ProducerLine,
+    Sqe, SqeFlags, Status,
 };
 use static_assertions::{assert_eq_size, const_assert_eq};
 
@@ -150,6 +150,51 @@ pub struct rf_ring {
     pub reserved: [u64; 4],
 }
 
+/// A snapshot of an endpoint's fence engine, from `rf_ep_fence_state`
+/// (FENCE.md §3 names the epochs and masks). Consistent when taken;
+/// progress may change it right after.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct rf_fence_state {
+    /// W: the submission epoch, bumped by every FENCE and before every
+    /// NOTIFY.
+    pub submit_epoch: u64,
+    /// C: the admitted epoch; requests of epochs up to C may start.
+    pub admitted_epoch: u64,
+    /// D: lanes written since the last flush of them started.
+    pub dirty_lanes: u64,
+    /// Lanes whose earlier work FLUSHes, CLOSEs or worker flushes in
+    /// flight cover (clean once they complete).
+    pub covered_lanes: u64,
+    /// Lanes of the strong fence flush in flight; 0 when none is.
+    pub flushing_lanes: u64,
+    /// The epoch C moves to when that flush completes; 0 when none is.
+    pub fence_target: u64,
+    /// The epoch a weak fence admitted on `weak_lane` only; 0 when none.
+    pub weak_epoch: u64,
+    /// FENCE SQEs taken on the endpoint.
+    pub fences: u64,
+    /// Boundaries crossed with a transport fence flag on one ordered lane.
+    pub weak_fences: u64,
+    /// Driver flushes started by strong fences.
+    pub fence_flushes: u64,
+    /// Driver flushes started by the implicit fence before a NOTIFY.
+    pub notify_flushes: u64,
+    /// Driver flushes started by FLUSH SQEs and graceful CLOSEs.
+    pub user_flushes: u64,
+    /// Driver flushes started by worker flushes (`RF_FLUSH_WORKER`).
+    pub worker_flushes: u64,
+    /// Requests waiting in the endpoint's FIFO behind a boundary or the
+    /// handshake.
+    pub deferred: u32,
+    /// Requests and flushes at the driver, not yet completed.
+    pub in_flight: u32,
+    /// The lane of `weak_epoch`; 255 when none.
+    pub weak_lane: u8,
+    /// Zero.
+    pub reserved: [u8; 7],
+}
+
 /// How `rf_worker_create` builds a worker. Start from
 /// `rf_worker_config_init`; a zero numeric field means the default (or the
 /// `RINGFENCE_*` environment variable, unless `ignore_env` is set).
@@ -229,11 +274,23 @@ pub const RF_ATOMIC_SWAP: u8 = 2;
 /// Atomic: compare-and-swap (`operand` compare, `operand2` swap).
 pub const RF_ATOMIC_CSWAP: u8 = 3;
 
-/// Fence: orders later operations after earlier ones.
-pub const RF_FENCE_WEAK: u8 = 0;
-/// Fence: everything before is remotely complete before anything after
-/// starts.
-pub const RF_FENCE_STRONG: u8 = 1;
+/// Fence mode "order": later operations take effect at the target after
+/// earlier ones; the engine picks the cheapest way (nothing when nothing
+/// is outstanding, a transport fence on one ordered lane, else a flush).
+pub const RF_FENCE_ORDER: u8 = 0;
+/// Fence mode "complete": nothing after starts before everything before
+/// is remotely complete (a flush whenever anything is outstanding).
+pub const RF_FENCE_COMPLETE: u8 = 1;
+/// Deprecated: the former name of `RF_FENCE_ORDER`.
+pub const RF_FENCE_WEAK: u8 = RF_FENCE_ORDER;
+/// Deprecated: the former name of `RF_FENCE_COMPLETE`.
+pub const RF_FENCE_STRONG: u8 = RF_FENCE_COMPLETE;
+
+/// Flush scope: everything submitted on the SQE's endpoint before it.
+pub const RF_FLUSH_ENDPOINT: u8 = 0;
+/// Flush scope: everything submitted on every endpoint of the worker
+/// before it (a quiet); the SQE's endpoint must be 0.
+pub const RF_FLUSH_WORKER: u8 = 1;
 
 /// Close after everything submitted before is remotely complete.
 pub const RF_CLOSE_GRACEFUL: u8 = 0;
@@ -276,8 +333,10 @@ const_assert_eq!(RF_ATOMIC_ADD, AtomicOp::ADD.as_raw());
 const_assert_eq!(RF_ATOMIC_FADD, AtomicOp::FADD.as_raw());
 const_assert_eq!(RF_ATOMIC_SWAP, AtomicOp::SWAP.as_raw());
 const_assert_eq!(RF_ATOMIC_CSWAP, AtomicOp::CSWAP.as_raw());
-const_assert_eq!(RF_FENCE_WEAK, FenceMode::WEAK.as_raw());
-const_assert_eq!(RF_FENCE_STRONG, FenceMode::STRONG.as_raw());
+const_assert_eq!(RF_FENCE_ORDER, FenceMode::ORDER.as_raw());
+const_assert_eq!(RF_FENCE_COMPLETE, FenceMode::COMPLETE.as_raw());
+const_assert_eq!(RF_FLUSH_ENDPOINT, FlushScope::ENDPOINT.as_raw());
+const_assert_eq!(RF_FLUSH_WORKER, FlushScope::WORKER.as_raw());
 const_assert_eq!(RF_CLOSE_GRACEFUL, CloseMode::GRACEFUL.as_raw());
 const_assert_eq!(RF_CLOSE_FORCE, CloseMode::FORCE.as_raw());
 const_assert_eq!(RF_SQ_NEED_WAKEUP, ConsumerLine::NEED_WAKEUP);

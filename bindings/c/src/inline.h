@@ -176,7 +176,9 @@ static inline void rf_prep_atomic(struct rf_sqe *sqe, uint32_t ep, uint8_t op, v
     sqe->operand2 = operand2;
 }
 
-/* A fence of strength `mode` (RF_FENCE_WEAK or RF_FENCE_STRONG) on `ep`. */
+/* A fence on `ep`: `mode` RF_FENCE_ORDER (order only; the engine picks the
+   cheapest way to keep it) or RF_FENCE_COMPLETE (later operations wait
+   until earlier ones are remotely complete). */
 static inline void rf_prep_fence(struct rf_sqe *sqe, uint32_t ep, uint8_t mode)
 {
     _rf_prep(sqe, RF_OP_FENCE, mode, ep, 0, 0, NULL, 0, 0);
@@ -186,7 +188,16 @@ static inline void rf_prep_fence(struct rf_sqe *sqe, uint32_t ep, uint8_t mode)
    remotely complete. */
 static inline void rf_prep_flush(struct rf_sqe *sqe, uint32_t ep)
 {
-    _rf_prep(sqe, RF_OP_FLUSH, 0, ep, 0, 0, NULL, 0, 0);
+    _rf_prep(sqe, RF_OP_FLUSH, RF_FLUSH_ENDPOINT, ep, 0, 0, NULL, 0, 0);
+}
+
+/* A worker flush (a quiet): completes when everything submitted on every
+   endpoint of the worker before it is remotely complete; work submitted
+   after it is not waited for. Its result is 0, or the first error of an
+   endpoint that failed meanwhile. */
+static inline void rf_prep_flush_worker(struct rf_sqe *sqe)
+{
+    _rf_prep(sqe, RF_OP_FLUSH, RF_FLUSH_WORKER, 0, 0, 0, NULL, 0, 0);
 }
 
 /* A notification of `len` bytes at `payload` (registered as `payload_mem`)

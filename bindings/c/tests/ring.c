@@ -122,7 +122,7 @@ static void put_and_get_through_loopback(void)
     struct rf_sqe *sqe = rft_sqe(&ring);
     rf_prep_put(sqe, ep, local, mem, (uint64_t)(uintptr_t)window, rkey, 4096);
     sqe = rft_sqe(&ring);
-    rf_prep_fence(sqe, ep, RF_FENCE_WEAK);
+    rf_prep_fence(sqe, ep, RF_FENCE_ORDER);
     sqe = rft_sqe(&ring);
     rf_prep_get(sqe, ep, local + 4096, mem, (uint64_t)(uintptr_t)window, rkey, 4096);
     rf_sqe_set_data(sqe, 3);
@@ -134,6 +134,55 @@ static void put_and_get_through_loopback(void)
     MUST(rf_ring_destroy(&ring));
     MUST(rf_worker_destroy(w));
     MUST(rf_worker_destroy(target));
+}
+
+/* A worker flush (quiet) after PUTs on two endpoints completes with 0,
+   and the fence state shows it flushed each endpoint once and left
+   nothing outstanding: W = C, no dirty lanes, nothing deferred. */
+static void a_worker_flush_covers_every_endpoint(void)
+{
+    static uint8_t local[64];
+    struct link a = connect_window(64, local, sizeof local);
+    /* A second endpoint of the same initiator, to a second target. */
+    rf_worker_t target2 = worker(0);
+    uint8_t addr[512], key[512];
+    size_t addr_len = 0, key_len = 0;
+    uint32_t window_mem = 0, ep2 = 0, rkey2 = 0;
+    uint8_t *window2 = NULL;
+    MUST(rf_worker_address(target2, addr, sizeof addr, &addr_len));
+    MUST(rf_mem_alloc(target2, 64, (void **)&window2, &window_mem));
+    MUST(rf_rkey_pack(target2, window_mem, key, sizeof key, &key_len));
+    MUST(rf_ep_connect(a.w, addr, addr_len, &ep2));
+    MUST(rf_rkey_unpack(a.w, ep2, key, key_len, &rkey2));
+    struct rf_ring ring;
+    MUST(rf_ring_create(a.w, 0, 0, &ring));
+    memset(local, 0x33, sizeof local);
+    rf_prep_put(rft_sqe(&ring), a.ep, local, a.mem, (uint64_t)(uintptr_t)a.window, a.rkey, 8);
+    rf_prep_put(rft_sqe(&ring), ep2, local, a.mem, (uint64_t)(uintptr_t)window2, rkey2, 8);
+    struct rf_sqe *quiet = rft_sqe(&ring);
+    rf_prep_flush_worker(quiet);
+    rf_sqe_set_data(quiet, 77);
+    rf_submit(&ring);
+    for (int i = 0; i < 3; i++) {
+        struct rf_cqe c = rft_one_cqe(a.w, &ring);
+        CHECK(c.res >= 0);
+    }
+    CHECK(a.window[0] == 0x33 && window2[7] == 0x33);
+    uint32_t eps[2] = {a.ep, ep2};
+    for (int i = 0; i < 2; i++) {
+        struct rf_fence_state st;
+        MUST(rf_ep_fence_state(a.w, eps[i], &st));
+        CHECK(st.worker_flushes == 1 && st.user_flushes == 0 && st.fence_flushes == 0);
+        CHECK(st.submit_epoch == st.admitted_epoch && st.dirty_lanes == 0);
+        CHECK(st.deferred == 0 && st.in_flight == 0 && st.weak_lane == 255);
+    }
+    struct rf_fence_state st;
+    CHECK_RC(rf_ep_fence_state(a.w, 999, &st), RF_EINVALID_ENDPOINT);
+    CHECK_RC(rf_ep_fence_state(a.w, a.ep, NULL), RF_EINVALID_ARGUMENT);
+    MUST(rf_ring_destroy(&ring));
+    MUST(rf_worker_destroy(a.w));
+    MUST(rf_worker_destroy(a.target));
+    MUST(rf_worker_destroy(target2));
 }
 
 /* rf_ring_try_now runs a PUT at once (its result is its completion, no
@@ -259,6 +308,7 @@ int main(void)
     RFT_RUN(nops_in_batches_wrap_in_order);
     RFT_RUN(a_full_cq_drops_nothing);
     RFT_RUN(put_and_get_through_loopback);
+    RFT_RUN(a_worker_flush_covers_every_endpoint);
     RFT_RUN(try_now_runs_or_declines);
     RFT_RUN(submit_wakes_a_sleeping_core_thread);
     RFT_RUN(epoll_on_the_cq_eventfd);

@@ -197,7 +197,7 @@ static void put_fence_get_every_size(void)
         rf_prep_put(sqe, ep, src, src_mem, base + offset, rkey, (uint32_t)len);
         rf_sqe_set_data(sqe, 1);
         sqe = rft_sqe(&ring);
-        rf_prep_fence(sqe, ep, RF_FENCE_STRONG);
+        rf_prep_fence(sqe, ep, RF_FENCE_COMPLETE);
         rf_sqe_set_data(sqe, 2);
         sqe = rft_sqe(&ring);
         rf_prep_get(sqe, ep, dst, dst_mem, base + offset, rkey, (uint32_t)len);

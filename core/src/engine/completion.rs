@@ -27,50 +27,64 @@ impl Engine {
     }
 
     pub(super) fn on_completion(&mut self, c: Completion) {
-        if c.token.0 & (FENCE_TOKEN | CONNECT_TOKEN) == CONNECT_TOKEN {
-            return self.connect_done((c.token.0 & !CONNECT_TOKEN) as usize, c.result);
+        match Named::of(c.token) {
+            Some(Named::Request(id)) => self.request_done(id, c.result),
+            Some(Named::Connect(e)) => self.connect_done(e, c.result),
+            Some(Named::Fence { endpoint, serial }) => {
+                self.fence_part_done(endpoint, serial, c.result);
+            }
+            Some(Named::WorkerPart { endpoint, flush }) => {
+                self.worker_part_done(endpoint, flush, c.result);
+            }
+            None => self.stray_completions += 1,
         }
-        if c.token.0 & FENCE_TOKEN != 0 {
-            let e = (c.token.0 & !FENCE_TOKEN) as usize;
-            let Some(ep) = self.endpoints.get(e).filter(|ep| ep.flushing != 0) else {
-                self.stray_completions += 1;
-                return;
-            };
-            let result = if ep.has(MIXED) {
-                match self.part_done(e, None, c.result) {
-                    Part::Done(result) => result,
-                    Part::Waiting => return,
-                    Part::Stray => {
-                        self.stray_completions += 1;
-                        return;
-                    }
-                }
-            } else {
-                c.result
-            };
-            // Only the flushed subset leaves D: `dirty` already holds just
-            // the lanes written since the flush started (R17, W2).
-            self.fence_flush_done(e, result);
+    }
+
+    /// A completion of fence flush `serial` of endpoint `e`: the flush in
+    /// flight's, or stray (an earlier flush's late or duplicated
+    /// completion, or none in flight: R25). Stray, it changes nothing.
+    fn fence_part_done(&mut self, e: usize, serial: u32, result: Result<u32, Status>) {
+        let live = self.endpoints.get(e).is_some_and(|ep| ep.flushing != 0)
+            && Named::same_serial(self.cold[e].fence_serial, serial);
+        if !live {
+            self.stray_completions += 1;
             return;
         }
-        let id = RequestId(c.token.0 as u32);
-        let live = c.token.0 <= u64::from(u32::MAX)
-            && self
-                .queues
-                .get(id.queue())
-                .and_then(|q| q.pool.get(id.slot()))
-                .is_some_and(|r| r.state() == State::Posted);
+        let result = if self.endpoints[e].has(MIXED) {
+            match self.part_done(e, None, result) {
+                Part::Done(result) => result,
+                Part::Waiting => return,
+                Part::Stray => {
+                    self.stray_completions += 1;
+                    return;
+                }
+            }
+        } else {
+            result
+        };
+        // Only the flushed subset leaves D: `dirty` already holds just
+        // the lanes written since the flush started (R17, W2).
+        self.fence_flush_done(e, result);
+    }
+
+    /// A completion of request `id`, posted to a driver.
+    fn request_done(&mut self, id: RequestId, result: Result<u32, Status>) {
+        let live = self
+            .queues
+            .get(id.queue())
+            .and_then(|q| q.pool.get(id.slot()))
+            .is_some_and(|r| r.state() == State::Posted && !r.is_worker_flush());
         if !live {
             self.stray_completions += 1;
             return;
         }
         let request = *self.request(id);
         let e = request.endpoint as usize;
-        let mut result = c.result;
+        let mut result = result;
         if self.endpoints[e].has(MIXED) && matches!(request.opcode(), Opcode::FLUSH | Opcode::CLOSE)
         {
             // One part of a flush split over the endpoint's drivers.
-            match self.part_done(e, Some(id.0), c.result) {
+            match self.part_done(e, Some(id.0), result) {
                 Part::Done(all) => result = all,
                 Part::Waiting => return,
                 Part::Stray => {
@@ -88,6 +102,12 @@ impl Engine {
     /// final flush closes it, and the close succeeds even if the endpoint
     /// failed meanwhile (R34, R41).
     pub(super) fn finish(&mut self, id: RequestId, e: usize, result: Result<u32, Status>) {
+        let request = self.request(id);
+        if matches!(request.opcode(), Opcode::FLUSH | Opcode::CLOSE) {
+            // What it took out of D as it started (`start`).
+            let cleans = request.operand;
+            self.flush_ended(e, cleans, result);
+        }
         if self.request(id).opcode() == Opcode::CLOSE {
             self.close_now(e);
             return self.complete(id, Ok(0));
@@ -127,6 +147,9 @@ impl Engine {
                 self.complete(id, Err(status));
             }
         }
+        if self.endpoints[e].has(QUIET) {
+            self.end_parts(e, Some(status));
+        }
         if closing {
             self.close_now(e);
         }
@@ -151,8 +174,12 @@ impl Engine {
             }
             let (id, result) = (RequestId(*id), parts.result());
             self.cold[e].user_flushes.swap_remove(i);
-            self.endpoints[e].inflight -= 1;
-            self.finish(id, e, result);
+            if self.is_worker_part(e, id.0) {
+                self.split_worker_part_finished(e, id.0, result);
+            } else {
+                self.endpoints[e].inflight -= 1;
+                self.finish(id, e, result);
+            }
         }
     }
 }

@@ -23,7 +23,7 @@ impl Engine {
         debug_assert!(!groups.is_empty() && groups.len() <= crate::memory::MAX_GROUPS);
         // The endpoint's index is known before it exists: the engine lock
         // is held, and endpoints are only ever appended.
-        let token = Token(CONNECT_TOKEN | self.endpoints.len() as u64);
+        let token = Named::Connect(self.endpoints.len()).token();
         let mut started: Vec<LaneGroup> = Vec::with_capacity(groups.len());
         let mut pending = 0u8;
         let mut first = 0u8;
@@ -84,6 +84,27 @@ impl Engine {
             tracing::debug!(endpoint = e, "connected");
             self.schedule(e);
         }
+    }
+
+    /// A snapshot of endpoint `e`'s fence engine, if it exists.
+    pub(crate) fn fence_state(&self, e: usize) -> Option<crate::FenceState> {
+        let ep = self.endpoints.get(e)?;
+        let mut deferred = 0u32;
+        let mut next = ep.head;
+        while next != NONE {
+            deferred += 1;
+            next = self.request(RequestId(next)).next;
+        }
+        Some(crate::FenceState {
+            submit_epoch: ep.submit_epoch,
+            admitted_epoch: ep.admitted_epoch,
+            dirty_lanes: ep.dirty,
+            covered_lanes: self.cold[e].covered,
+            fence_flush: (ep.flushing != 0).then(|| (ep.flushing, ep.full_epoch(ep.fence_target))),
+            weak: ep.weak().map(|(lane, low)| (lane, ep.full_epoch(low))),
+            deferred,
+            in_flight: ep.inflight,
+        })
     }
 
     /// The public state of endpoint `e`, if it exists.

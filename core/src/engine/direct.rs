@@ -107,8 +107,9 @@ pub(super) struct OpKeys {
 impl Engine {
     /// Whether `sqe` may take the direct path: a valid PUT or GET on an
     /// endpoint that is connected with nothing queued (R18) and no boundary
-    /// pending (W = C, so its epoch is admitted, R14; no weak admission or
-    /// strong fence is outstanding either, as both need W > C). Returns what
+    /// pending (W = C, so its epoch is admitted, R14), or only a weak
+    /// fence's, on the lane it takes, already flagged (R8; the lane was not
+    /// replaced since, R38). Returns what
     /// the path needs, from the lookups of the previous SQE when it names
     /// the same endpoint, registration and remote key. `None` for anything
     /// else, which takes the general path: that one validates again and
@@ -118,14 +119,18 @@ impl Engine {
         let opcode = rma_opcode(sqe)?;
         let flags = sqe.flags().ok()?;
         let ep = self.endpoints.get(sqe.endpoint as usize)?;
+        let lane = ep.peek_data_lane(sqe.len, self.config.bw_threshold);
         let ready = ep.head == NONE
-            && ep.submit_epoch == ep.admitted_epoch
+            && ep.epochs_admit(lane)
             && !ep.has(NOT_DIRECT)
             && ep.state == EpState::Connected;
         if !ready || !sqe.reserved_are_zero() {
             return None;
         }
-        debug_assert_eq!(ep.weak_lane, NO_LANE);
+        if ep.submit_epoch != ep.admitted_epoch && !self.weak_lane_kept(sqe.endpoint as usize, lane)
+        {
+            return None;
+        }
         let keys = match self.resolved.admits(sqe, opcode) {
             Some(keys) => keys,
             None => {
@@ -188,10 +193,12 @@ impl Engine {
             && sqe.flags().is_ok()
             && sqe.reserved_are_zero()
             && ep.head == NONE
-            && ep.submit_epoch == ep.admitted_epoch
+            && ep.epochs_admit(0)
             && !ep.has(NOT_DIRECT)
             && ep.state == EpState::Connected
             && ep.peek_data_lane(sqe.len, self.config.bw_threshold) == 0
+            && (ep.submit_epoch == ep.admitted_epoch
+                || self.weak_lane_kept(sqe.endpoint as usize, 0))
     }
 
     /// Runs `sqes` (a run that `extends_run` admitted, all on one endpoint
@@ -232,8 +239,8 @@ impl Engine {
         let ep = &mut self.endpoints[e];
         let (driver, driver_ep) = (ep.driver as usize, crate::driver::DriverEp(ep.driver_ep));
         if ep.dirty & 1 == 0 {
-            ep.dirty |= 1;
-            self.cold[e].dirty_generation[0] = self.drivers[driver].lane_generation(driver_ep, 0);
+            let generation = self.drivers[driver].lane_generation(driver_ep, 0);
+            self.newly_dirty(e, 0, generation);
         }
         let keys = self.resolved.keys;
         let op = |sqe: &Sqe| Op {

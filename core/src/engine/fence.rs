@@ -8,6 +8,9 @@ impl Engine {
     /// what is queued or behind an unresolved boundary (R14, R18).
     pub(super) fn submit(&mut self, id: RequestId) {
         let request = *self.request(id);
+        if request.is_worker_flush() {
+            return self.worker_flush(id);
+        }
         let (opcode, e) = (request.opcode(), request.endpoint as usize);
         match opcode {
             Opcode::FENCE => return self.fence(id, e, request.subop()),
@@ -75,11 +78,11 @@ impl Engine {
     /// action happens when the next request needs it (R10, R11). On a failed
     /// endpoint it is accepted and does nothing (R34).
     pub(super) fn fence(&mut self, id: RequestId, e: usize, subop: u8) {
-        let mode = FenceMode::try_from(subop).unwrap_or(FenceMode::STRONG);
+        let mode = FenceMode::try_from(subop).unwrap_or(FenceMode::COMPLETE);
         let ep = &mut self.endpoints[e];
         if ep.state == EpState::Connected {
             ep.submit_epoch += 1;
-            if mode == FenceMode::STRONG {
+            if mode == FenceMode::COMPLETE {
                 ep.set(STRONG_ARMED, true);
             }
         }
@@ -152,6 +155,9 @@ impl Engine {
             // Flush parts a driver had no room for.
             self.retry_parts(e);
         }
+        if self.endpoints[e].has(QUIET) {
+            self.service_parts(e);
+        }
         let mut started = 0;
         while matches!(
             self.endpoints[e].state,
@@ -174,6 +180,9 @@ impl Engine {
                     self.push_head(e, id);
                     self.schedule(e);
                     break;
+                }
+                if self.endpoints[e].has(QUIET) {
+                    self.left_queue(e, id);
                 }
                 continue;
             }
@@ -204,9 +213,22 @@ impl Engine {
             return true;
         }
         match ep.weak() {
-            Some((lane, epoch)) => epoch == request.epoch && self.lane_of(request) == Some(lane),
+            Some((lane, epoch)) => {
+                epoch == request.epoch
+                    && self.lane_of(request) == Some(lane)
+                    && self.weak_lane_kept(request.endpoint as usize, lane)
+            }
             None => false,
         }
+    }
+
+    /// Whether lane `lane` of endpoint `e`, on which a weak fence admitted
+    /// an epoch, is still the channel it was then. A lane replaced since
+    /// is not ordered with what went before on the old one, so the
+    /// admission is void and the boundary needs the strong flush after
+    /// all, widened to every lane (R8, R38).
+    pub(super) fn weak_lane_kept(&self, e: usize, lane: u8) -> bool {
+        self.lane_generation(e, lane) == self.cold[e].weak_generation
     }
 
     /// C moves to `target`; a weak admission at or below it is used up.
@@ -248,21 +270,26 @@ impl Engine {
     /// (R8), else by a strong flush (R9). Returns whether C moved now.
     pub(super) fn cross_boundary(&mut self, e: usize, head: RequestId, target: u64) -> bool {
         let request = *self.request(head);
-        let ep = &self.endpoints[e];
-        if ep.dirty == 0 {
+        // D, and the lanes user flushes in flight took out of it: their
+        // work is outstanding too.
+        let outstanding = self.outstanding(e);
+        if outstanding == 0 {
             self.admit(e, target);
             return true;
         }
-        let lanes = ep.dirty | self.lane_of(&request).map_or(0, |l| 1 << l);
+        let lanes = outstanding | self.lane_of(&request).map_or(0, |l| 1 << l);
         let weak = !request.strong_boundary()
             && lanes.count_ones() == 1
             && self.lane_ordered(e, lanes.trailing_zeros() as u8)
-            && self.normalize(e, ep.dirty) == ep.dirty;
+            && !self.any_replaced(e, outstanding);
         if weak {
             // C stays: the epoch is admitted on this one lane only. A later
             // request of the same epoch on another lane needs the flush
-            // after all (R8: the condition holds per operation).
+            // after all (R8: the condition holds per operation), and so
+            // does this one if the lane is replaced before it is posted
+            // (R38: `weak_lane_kept`).
             let lane = lanes.trailing_zeros() as u8;
+            self.cold[e].weak_generation = self.lane_generation(e, lane);
             let ep = &mut self.endpoints[e];
             ep.weak_lane = lane | WEAK_FLAG_OWED;
             ep.weak_epoch = target as u32;
@@ -271,25 +298,134 @@ impl Engine {
             tracing::trace!(endpoint = e, lane, target, "weak fence");
             return true;
         }
-        self.start_fence_flush(e, target)
+        let cause = if request.opcode() == Opcode::NOTIFY {
+            FlushCause::Notify
+        } else {
+            FlushCause::Fence
+        };
+        self.start_fence_flush(e, target, cause)
+    }
+
+    /// The lanes of endpoint `e` with work not known complete that no fence
+    /// flush covers: D, and the lanes flushes in flight took out of D.
+    pub(super) fn outstanding(&self, e: usize) -> LaneMask {
+        self.endpoints[e].dirty | self.cold[e].covered
+    }
+
+    /// Counts a driver flush of endpoint `e` started for `cause`.
+    pub(super) fn count_flush(&mut self, e: usize, cause: FlushCause) {
+        for stats in [&mut self.stats, &mut self.cold[e].stats] {
+            stats.flushes += 1;
+            *match cause {
+                FlushCause::Fence => &mut stats.fence_flushes,
+                FlushCause::Notify => &mut stats.notify_flushes,
+                FlushCause::User => &mut stats.user_flushes,
+                FlushCause::Worker => &mut stats.worker_flushes,
+            } += 1;
+        }
+    }
+
+    /// A flush that took `cleans` out of D as it started (a user FLUSH, a
+    /// CLOSE, a worker flush's part) ended with `result`. Done, the work
+    /// it covered on those lanes is complete: they stay clean unless
+    /// written since (W2, R17), and if nothing on the endpoint is
+    /// outstanding any more, its epochs fast-forward (R10). Failed, the
+    /// lanes are dirty again.
+    pub(super) fn flush_ended(&mut self, e: usize, cleans: LaneMask, result: Result<u32, Status>) {
+        let cold = &mut self.cold[e];
+        let mut lanes = cleans;
+        while lanes != 0 {
+            let lane = lanes.trailing_zeros() as usize;
+            lanes &= lanes - 1;
+            if let Some(n) = cold.covering.get_mut(lane) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    cold.covered &= !(1 << lane);
+                }
+            }
+        }
+        if result.is_err() {
+            self.endpoints[e].dirty |= cleans;
+            return;
+        }
+        let ep = &self.endpoints[e];
+        let idle = (ep.dirty | self.cold[e].covered | ep.flushing) == 0
+            && ep.submit_epoch != ep.admitted_epoch
+            && ep.state == EpState::Connected
+            && !ep.is_connecting();
+        if !idle {
+            return;
+        }
+        if ep.head == NONE {
+            // Nothing outstanding: every boundary up to W is free (R10),
+            // and the direct path serves the endpoint again.
+            let w = ep.submit_epoch;
+            self.admit(e, w);
+            self.endpoints[e].set(STRONG_ARMED, false);
+        } else {
+            self.schedule(e); // dispatch fast-forwards for the head
+        }
+    }
+
+    /// Takes `cleans` (lanes of D) out of D for a flush that starts now and
+    /// covers them: `flush_ended` puts them back or cleans them for good.
+    pub(super) fn cover(&mut self, e: usize, cleans: LaneMask) {
+        self.endpoints[e].dirty &= !cleans;
+        let cold = &mut self.cold[e];
+        cold.covered |= cleans;
+        let mut lanes = cleans;
+        while lanes != 0 {
+            let lane = lanes.trailing_zeros() as usize;
+            lanes &= lanes - 1;
+            if let Some(n) = cold.covering.get_mut(lane) {
+                *n = n.saturating_add(1);
+            }
+        }
+    }
+
+    /// Lane `lane` of endpoint `e` was clean and is written now, on a
+    /// channel of generation `generation`: it becomes dirty with that
+    /// generation (R14, R38). If a flush in flight covers earlier work on
+    /// it and the lane was replaced since that work, the entry is marked
+    /// replaced, so the next boundary flushes every lane (R38).
+    #[cold]
+    pub(super) fn newly_dirty(&mut self, e: usize, lane: u8, generation: u32) {
+        self.endpoints[e].dirty |= 1 << lane;
+        let cold = &mut self.cold[e];
+        let entry = &mut cold.dirty_generation[lane as usize];
+        *entry = if cold.covered & (1 << lane) != 0 && *entry != generation {
+            REPLACED
+        } else {
+            generation
+        };
     }
 
     /// The lanes a flush must cover, from the dirty set `dirty`: all live
     /// lanes if any dirty lane was replaced since it was written (R38).
     pub(super) fn normalize(&self, e: usize, dirty: LaneMask) -> LaneMask {
-        let ep = &self.endpoints[e];
-        let replaced = (0..ep.lanes).any(|lane| {
+        if self.any_replaced(e, dirty) {
+            self.endpoints[e].all_lanes()
+        } else {
+            dirty
+        }
+    }
+
+    /// Whether a lane of `dirty` was replaced since it was written (R38):
+    /// its work is on a channel later work is not ordered with.
+    pub(super) fn any_replaced(&self, e: usize, dirty: LaneMask) -> bool {
+        (0..self.endpoints[e].lanes).any(|lane| {
             dirty & (1 << lane) != 0
                 && self.lane_generation(e, lane) != self.cold[e].dirty_generation[lane as usize]
-        });
-        if replaced { ep.all_lanes() } else { dirty }
+        })
     }
 
     /// Starts the strong flush of exactly the dirty lanes (R9, R17) that
     /// moves C to `target` when it completes (R15c). Returns whether C moved
     /// now (the driver finished the flush inside the call).
-    pub(super) fn start_fence_flush(&mut self, e: usize, target: u64) -> bool {
-        let mask = self.normalize(e, self.endpoints[e].dirty);
+    pub(super) fn start_fence_flush(&mut self, e: usize, target: u64, cause: FlushCause) -> bool {
+        let mask = self.normalize(e, self.outstanding(e));
+        let cold = &mut self.cold[e];
+        cold.fence_serial = cold.fence_serial.wrapping_add(1);
         let ep = &mut self.endpoints[e];
         let (driver, driver_ep) = (ep.driver as usize, crate::driver::DriverEp(ep.driver_ep));
         let mixed = ep.has(MIXED);
@@ -304,10 +440,9 @@ impl Engine {
                 self.cold[e].flush_generation[lane as usize] = self.lane_generation(e, lane);
             }
         }
-        self.stats.flushes += 1;
-        self.cold[e].stats.flushes += 1;
+        self.count_flush(e, cause);
         tracing::trace!(endpoint = e, lanes = mask, target, "fence flush");
-        let token = Token(FENCE_TOKEN | e as u64);
+        let token = self.fence_token(e);
         let posted = if mixed {
             // One part per driver, each of exactly its dirty lanes (R24).
             let mut parts = FlushParts {
@@ -345,6 +480,16 @@ impl Engine {
         }
     }
 
+    /// The token of endpoint `e`'s fence flush in flight: it names this
+    /// flush, not just the endpoint (R25).
+    pub(super) fn fence_token(&self, e: usize) -> Token {
+        Named::Fence {
+            endpoint: e,
+            serial: self.cold[e].fence_serial,
+        }
+        .token()
+    }
+
     /// The fence flush of endpoint `e` finished (inside its start or from
     /// `poll`). The slot is cleared first (R33); on success C moves to the
     /// recorded target unless a flushed lane was replaced meanwhile, in
@@ -370,7 +515,7 @@ impl Engine {
             );
             ep.dirty |= ep.all_lanes();
             // Mark every lane as replaced so the next flush is normalized.
-            self.cold[e].dirty_generation.fill(u32::MAX);
+            self.cold[e].dirty_generation.fill(REPLACED);
         } else {
             self.admit(e, target);
             tracing::trace!(endpoint = e, epoch = target, "fence flush done");

@@ -109,6 +109,13 @@ impl Engine {
         if opcode == Opcode::NOP {
             return Ok(Request::from_sqe(sqe, opcode, 0, flags));
         }
+        if opcode == Opcode::FLUSH && sqe.subop == FlushScope::WORKER.as_raw() {
+            // A worker flush names no endpoint: the field must be 0.
+            if sqe.endpoint != 0 {
+                return Err(Status::InvalidEndpoint);
+            }
+            return Ok(Request::from_sqe(sqe, opcode, 0, flags));
+        }
         let ep_index = sqe.endpoint as usize;
         let ep = self
             .endpoints
@@ -163,9 +170,8 @@ impl Engine {
                 sqe.fence_mode().map_err(|e| e.status())?;
             }
             Opcode::FLUSH => {
-                if sqe.subop != 0 {
-                    return Err(Status::InvalidSubop);
-                }
+                // ENDPOINT; WORKER was taken above.
+                sqe.flush_scope().map_err(|e| e.status())?;
             }
             Opcode::CLOSE => {
                 sqe.close_mode().map_err(|e| e.status())?;

@@ -152,7 +152,8 @@ impl Engine {
     pub(super) fn retry_parts(&mut self, e: usize) {
         if self.endpoints[e].flushing != 0 && self.cold[e].fence_parts.remaining != 0 {
             let mut parts = self.cold[e].fence_parts;
-            self.start_parts(e, &mut parts, Token(FENCE_TOKEN | e as u64));
+            let token = self.fence_token(e);
+            self.start_parts(e, &mut parts, token);
             self.cold[e].fence_parts = parts;
             if parts.is_done() {
                 self.fence_flush_done(e, parts.result());
@@ -167,11 +168,25 @@ impl Engine {
                 i += 1;
                 continue;
             }
-            self.start_parts(e, &mut parts, Token(u64::from(id)));
+            let worker = self.is_worker_part(e, id);
+            let token = if worker {
+                Named::WorkerPart {
+                    endpoint: e,
+                    flush: RequestId(id),
+                }
+                .token()
+            } else {
+                Token(u64::from(id))
+            };
+            self.start_parts(e, &mut parts, token);
             if parts.is_done() {
                 self.cold[e].user_flushes.swap_remove(i);
-                self.endpoints[e].inflight -= 1;
-                self.finish(RequestId(id), e, parts.result());
+                if worker {
+                    self.split_worker_part_finished(e, id, parts.result());
+                } else {
+                    self.endpoints[e].inflight -= 1;
+                    self.finish(RequestId(id), e, parts.result());
+                }
             } else {
                 self.cold[e].user_flushes[i].1 = parts;
                 if parts.remaining != 0 {

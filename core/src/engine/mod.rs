@@ -55,15 +55,15 @@ use crate::driver::{
 };
 use crate::endpoint::{
     CONNECTING, Endpoint, EndpointCold, EpState, FlushParts, LaneGroup, MIXED, NO_LANE, NOT_DIRECT,
-    SCHEDULED, STRONG_ARMED, WEAK_FLAG_OWED,
+    QUIET, SCHEDULED, STRONG_ARMED, WEAK_FLAG_OWED,
 };
 use crate::memory::{MemRegistry, Rkey, RkeyTable, within};
 use crate::request::{NONE, Pool, Request, RequestId, State};
 use crate::stats::Stats;
 use crate::sys::notify::{Delivery, NotifyPool};
 use ringfence_ring::{
-    AtomicOp, CQE_BUFFER_SHIFT, Consumer, Cqe, CqeFlags, Doorbell, FenceMode, Opcode, Producer,
-    RingError, Sqe, SqeFlags, Status,
+    AtomicOp, CQE_BUFFER_SHIFT, Consumer, Cqe, CqeFlags, Doorbell, FenceMode, FlushScope, Opcode,
+    Producer, RingError, Sqe, SqeFlags, Status,
 };
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -79,12 +79,18 @@ pub(crate) const MAX_NOTIFY_LEN: u32 = 1 << 16;
 /// Full batches of completions taken from one driver per round: what a
 /// busy driver has beyond that waits for the next round, after the SQs.
 const POLL_BATCHES: usize = 4;
-/// Token bit marking a fence flush (the rest is the endpoint index).
-/// Tokens without it or [`CONNECT_TOKEN`] are request ids.
-const FENCE_TOKEN: u64 = 1 << 63;
-/// Token bit marking a connect's handshake (the rest is the endpoint
-/// index).
-const CONNECT_TOKEN: u64 = 1 << 62;
+/// In `EndpointCold::dirty_generation`: the lane was replaced while its
+/// work was outstanding, so the next boundary flushes every lane (R38).
+const REPLACED: u32 = u32::MAX;
+
+/// What started a driver flush (counted apart in [`Stats`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum FlushCause {
+    Fence,
+    Notify,
+    User,
+    Worker,
+}
 
 mod completion;
 mod connect;
@@ -94,12 +100,16 @@ mod intake;
 mod lanes;
 mod post;
 mod queue;
+mod quiet;
 mod teardown;
+mod token;
 
 use direct::{OpKeys, Resolved, is_rma};
 use intake::rma_shape;
 use lanes::Part;
 pub(crate) use queue::EngineQueue;
+pub(crate) use quiet::QuietPart;
+use token::Named;
 
 /// Whether an error fails the whole endpoint (the connection is unusable)
 /// rather than only the operation (the target refused this access).

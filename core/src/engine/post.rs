@@ -23,7 +23,8 @@ impl Engine {
                 // Everything submitted before this flush has been started
                 // (FIFO); the lanes it wrote are dirty or being flushed
                 // (R21, R23). A graceful CLOSE ends with the same flush (R41).
-                let mask = ep.dirty | ep.flushing;
+                let cleans = ep.dirty;
+                let mask = ep.dirty | ep.flushing | self.cold[e].covered;
                 if mask == 0 {
                     if request.opcode() == Opcode::CLOSE {
                         self.close_now(e);
@@ -32,13 +33,22 @@ impl Engine {
                     return Started::Gone;
                 }
                 let mask = self.normalize(e, mask);
-                self.stats.flushes += 1;
-                self.cold[e].stats.flushes += 1;
-                if mixed {
+                self.count_flush(e, FlushCause::User);
+                // Its completion cleans what was dirty now (W2): `finish`
+                // finds the lanes in the request.
+                self.cover(e, cleans);
+                self.request_mut(id).operand = cleans;
+                let posted = if mixed {
                     self.start_user_parts(e, id, mask)
                 } else {
                     self.drivers[driver].flush(driver_ep, mask, Token(u64::from(id.0)))
+                };
+                if posted == Posted::NoResource {
+                    // Not started: the lanes are dirty as before.
+                    self.flush_ended(e, cleans, Err(Status::NoResource));
+                    self.request_mut(id).operand = 0;
                 }
+                posted
             }
             _ => {
                 let mut op = match self.lane_op(&request) {
@@ -178,12 +188,11 @@ impl Engine {
         };
         let (driver, driver_ep, driver_lane) = self.lane_target(e, lane);
         // Dirty before posting (R14), with the lane's generation (R38).
-        let ep = &mut self.endpoints[e];
-        if ep.dirty & (1 << lane) == 0 {
-            ep.dirty |= 1 << lane;
-            self.cold[e].dirty_generation[lane as usize] =
-                self.drivers[driver].lane_generation(driver_ep, driver_lane);
+        if self.endpoints[e].dirty & (1 << lane) == 0 {
+            let generation = self.drivers[driver].lane_generation(driver_ep, driver_lane);
+            self.newly_dirty(e, lane, generation);
         }
+        let ep = &mut self.endpoints[e];
         op.fence = ep.weak_lane == lane | WEAK_FLAG_OWED;
         if op.fence {
             ep.weak_lane = lane;

@@ -150,7 +150,7 @@ impl Engine {
             _ => 0,
         };
         let error = u64::from(result.is_err());
-        if opcode == Opcode::NOP {
+        if opcode == Opcode::NOP || request.is_worker_flush() {
             self.stats.ops += 1;
             self.stats.errors += error;
         } else {

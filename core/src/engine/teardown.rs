@@ -22,6 +22,10 @@ impl Engine {
         ep.set_error(Status::EndpointClosed);
         ep.flushing = 0;
         ep.weak_lane = NO_LANE;
+        if ep.has(QUIET) {
+            // Everything submitted before the close is complete.
+            self.end_parts(e, None);
+        }
         for gi in 0..self.cold[e].groups.len() {
             let g = self.cold[e].groups[gi];
             self.drivers[g.driver as usize].disconnect(crate::driver::DriverEp(g.driver_ep));
@@ -68,6 +72,8 @@ impl Engine {
                 break;
             }
         }
+        // Worker flushes whose parts a driver kept past its quiesce.
+        self.cancel_parts();
         for qi in 0..self.queues.len() {
             let q = &self.queues[qi];
             let posted: Vec<u32> = (0..q.pool_len())

@@ -240,7 +240,7 @@ struct CoreNap<'a> {
     epoll: Epoll,
     /// Held from a `last_round` that found nothing to the end of
     /// `announce`: the decision and the announcement see one engine state.
-    engine: Option<MutexGuard<'a, Engine>>,
+    engine: Option<EngineGuard<'a>>,
     /// Between a successful `announce` and its `withdraw`.
     asleep: bool,
     events: [EpollEvent; 4],

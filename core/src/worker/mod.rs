@@ -2,7 +2,7 @@
 
 use crate::config::Config;
 use crate::driver::{Driver, DriverEp, DriverMemKey, MAX_LANES, MemDesc, Quiesce};
-use crate::endpoint::{EndpointId, EndpointState};
+use crate::endpoint::{EndpointId, EndpointState, FenceState};
 use crate::engine::{Engine, EngineQueue};
 use crate::error::Error;
 use crate::memory::{MAX_GROUPS, MemHandle, MemKind, Registration, Rkey, RkeyId, blob};
@@ -53,7 +53,7 @@ impl Shared {
     /// (whose SQ has no NEED_WAKEUP yet), a connect whose handshake needs
     /// polling, a progress round that left work behind. The core thread
     /// then takes the lock after the caller, and sees the change.
-    pub(super) fn engine(&self) -> MutexGuard<'_, Engine> {
+    pub(super) fn engine(&self) -> EngineGuard<'_> {
         let mut engine = self.lock_engine();
         if engine.core_asleep {
             engine.core_asleep = false;
@@ -64,10 +64,35 @@ impl Shared {
 
     /// The engine, locked, without waking the core thread: for the core
     /// thread itself.
-    pub(super) fn lock_engine(&self) -> MutexGuard<'_, Engine> {
+    ///
+    /// # Panics
+    /// If this thread holds the engine already: a driver called back into
+    /// the worker that drives it (its `progress`, a connect, a
+    /// registration, ...), which would otherwise deadlock in silence.
+    pub(super) fn lock_engine(&self) -> EngineGuard<'_> {
+        let me = self.id();
+        if HELD.get() == me {
+            reentered();
+        }
         // A panic while holding the lock leaves counters possibly off by one
         // but no memory unsafety; keep going rather than poison every call.
-        self.engine.lock().unwrap_or_else(|e| e.into_inner())
+        EngineGuard::new(self.engine.lock().unwrap_or_else(|e| e.into_inner()), me)
+    }
+
+    /// The engine, if no other thread holds it (the direct path's
+    /// `try_now`). This thread holding it already returns `None` too.
+    pub(super) fn try_engine(&self) -> Option<EngineGuard<'_>> {
+        let guard = match self.engine.try_lock() {
+            Ok(engine) => engine,
+            Err(TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(TryLockError::WouldBlock) => return None,
+        };
+        Some(EngineGuard::new(guard, self.id()))
+    }
+
+    /// This worker's engine, as `HELD` names it.
+    fn id(&self) -> usize {
+        std::ptr::from_ref(&self.engine) as usize
     }
 
     /// Rings the SQ doorbell: wakes the core thread if it sleeps (or ends
@@ -76,6 +101,59 @@ impl Shared {
         if let Err(e) = self.sq_bell.ring() {
             tracing::error!(error = %e, "SQ doorbell failed");
         }
+    }
+}
+
+thread_local! {
+    /// The engine this thread holds locked (`Shared::id`), 0 if none.
+    static HELD: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// A drivers' contract violation, caught: see `Shared::lock_engine`.
+#[cold]
+#[inline(never)]
+fn reentered() -> ! {
+    panic!(
+        "ringfence: a worker was entered again from inside its own engine (a Driver method \
+         called back into the Worker, QueuePair or buffer that drives it); drivers must never \
+         call the engine (DESIGN.md, driver contract: nothing re-enters)"
+    )
+}
+
+/// The engine, locked by this thread: marks it held (for `lock_engine`'s
+/// re-entry check) until dropped.
+#[derive(Debug)]
+pub(super) struct EngineGuard<'a> {
+    guard: MutexGuard<'a, Engine>,
+    /// What `HELD` was before (another worker's engine, or 0).
+    previous: usize,
+}
+
+impl<'a> EngineGuard<'a> {
+    fn new(guard: MutexGuard<'a, Engine>, me: usize) -> EngineGuard<'a> {
+        EngineGuard {
+            guard,
+            previous: HELD.replace(me),
+        }
+    }
+}
+
+impl Drop for EngineGuard<'_> {
+    fn drop(&mut self) {
+        HELD.set(self.previous);
+    }
+}
+
+impl std::ops::Deref for EngineGuard<'_> {
+    type Target = Engine;
+    fn deref(&self) -> &Engine {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for EngineGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Engine {
+        &mut self.guard
     }
 }
 
@@ -346,6 +424,35 @@ impl Worker {
             .cold
             .get(ep.0 as usize)
             .map(|c| c.stats)
+    }
+
+    /// A snapshot of endpoint `ep`'s fence engine: its epochs, dirty and
+    /// covered lanes, the fence flush in flight, the weak admission, and
+    /// how many requests wait or are in flight. Its flush counters by
+    /// cause are in [`endpoint_stats`](Worker::endpoint_stats).
+    ///
+    /// # Errors
+    /// `InvalidEndpoint` if this worker has no such endpoint.
+    pub fn fence_state(&self, ep: EndpointId) -> Result<FenceState, Error> {
+        self.shared
+            .engine()
+            .fence_state(ep.0 as usize)
+            .ok_or(Error::Status {
+                op: "fence_state",
+                status: Status::InvalidEndpoint,
+            })
+    }
+
+    /// The driver's handle of endpoint `ep` (of its first lane group):
+    /// what a driver wrapper such as the `FaultInjector` sees as the
+    /// endpoint.
+    #[cfg(feature = "testkit")]
+    pub fn driver_endpoint(&self, ep: EndpointId) -> Option<DriverEp> {
+        self.shared
+            .engine()
+            .endpoints
+            .get(ep.0 as usize)
+            .map(|e| DriverEp(e.driver_ep))
     }
 }
 

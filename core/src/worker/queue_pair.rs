@@ -72,11 +72,7 @@ impl QueuePair {
         if self.sq.pending() != 0 {
             return None;
         }
-        let mut engine = match self.shared.engine.try_lock() {
-            Ok(engine) => engine,
-            Err(TryLockError::Poisoned(e)) => e.into_inner(),
-            Err(TryLockError::WouldBlock) => return None,
-        };
+        let mut engine = self.shared.try_engine()?;
         let result = engine.run_now(self.index, sqe);
         if engine.core_asleep && matches!(result, Some(Err(_))) {
             // A failure may have failed the endpoint, completing requests

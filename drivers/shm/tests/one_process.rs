@@ -84,7 +84,7 @@ fn put_get_atomic_notify() {
     notify.operand = 66;
     let sqes = [
         Sqe::put(ep, src.local(0), remote(100), 10).with_user_data(1),
-        Sqe::fence(ep, FenceMode::STRONG).with_user_data(2),
+        Sqe::fence(ep, FenceMode::COMPLETE).with_user_data(2),
         Sqe::get(ep, src.local(1000), remote(100), 10).with_user_data(3),
         Sqe::atomic_fadd(ep, src.local(2048), remote(8), 5).with_user_data(4),
         Sqe::atomic_fadd(ep, src.local(2056), remote(8), 5).with_user_data(5),
@@ -189,7 +189,7 @@ fn cross_memory_attach_for_other_memory() {
     let e = ep.as_raw();
     let sqes = [
         Sqe::put(e, src.local(0), remote(10), 21).with_user_data(1),
-        Sqe::fence(e, FenceMode::STRONG).with_user_data(2),
+        Sqe::fence(e, FenceMode::COMPLETE).with_user_data(2),
         Sqe::get(e, src.local(100), remote(10), 21).with_user_data(3),
         Sqe::atomic_add(e, remote(16), 1).with_user_data(4),
         Sqe::put(e, src.local(0), remote(90), 21).with_user_data(5),

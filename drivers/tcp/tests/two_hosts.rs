@@ -190,7 +190,7 @@ fn initiator_role(ip: IpAddr) {
                 assert!(matches!(state, EndpointState::Failed(_)), "{state:?}");
                 // A new request on the failed endpoint fails at once.
                 qp.push(put.with_user_data(4)).unwrap();
-                qp.push(Sqe::fence(ep.as_raw(), FenceMode::STRONG).with_user_data(5))
+                qp.push(Sqe::fence(ep.as_raw(), FenceMode::COMPLETE).with_user_data(5))
                     .unwrap();
                 qp.submit();
                 let cqes = reap_until(&mut qp, 2);

@@ -93,7 +93,7 @@ fn put_get_atomic_notify() {
     notify.operand = 66;
     let sqes = [
         Sqe::put(ep, src.local(0), remote(100), 10).with_user_data(1),
-        Sqe::fence(ep, FenceMode::STRONG).with_user_data(2),
+        Sqe::fence(ep, FenceMode::COMPLETE).with_user_data(2),
         Sqe::get(ep, src.local(1000), remote(100), 10).with_user_data(3),
         Sqe::atomic_fadd(ep, src.local(2048), remote(8), 5).with_user_data(4),
         Sqe::atomic_fadd(ep, src.local(2056), remote(8), 5).with_user_data(5),
@@ -166,7 +166,7 @@ fn put_and_get_from_1_byte_to_64_mib_on_1_and_4_lanes() {
             src.write(0, &data);
             let sqes = [
                 Sqe::put(ep, src.local(0), remote, len as u32).with_user_data(1),
-                Sqe::fence(ep, FenceMode::STRONG).with_user_data(2),
+                Sqe::fence(ep, FenceMode::COMPLETE).with_user_data(2),
                 Sqe::get(ep, back.local(0), remote, len as u32).with_user_data(3),
             ];
             let cqes = run(&p.initiator, &p.target, &mut qp, &sqes, 3);
@@ -306,7 +306,7 @@ fn later_write_wins(
     };
     let mut sqes = vec![Sqe::put(ep, src.local(0), remote(0), A as u32).with_user_data(1)];
     if fence {
-        sqes.push(Sqe::fence(ep, FenceMode::STRONG).with_user_data(2));
+        sqes.push(Sqe::fence(ep, FenceMode::COMPLETE).with_user_data(2));
     }
     sqes.push(Sqe::put(ep, src.local(A as u64), remote(A - B), B as u32).with_user_data(3));
     let n = sqes.len();
@@ -411,15 +411,15 @@ fn a_hundred_thousand_mixed_operations_with_fences_over_4_lanes() {
             sqes.push(Sqe::atomic_add(ep, remote(counter), add));
         }
         let mode = if next() % 2 == 0 {
-            FenceMode::STRONG
+            FenceMode::COMPLETE
         } else {
-            FenceMode::WEAK
+            FenceMode::ORDER
         };
         sqes.push(Sqe::fence(ep, mode));
-        if mode == FenceMode::WEAK {
+        if mode == FenceMode::ORDER {
             // A weak fence orders, it does not complete what came before:
             // only a strong one makes the GETs below see every PUT.
-            sqes.push(Sqe::fence(ep, FenceMode::STRONG));
+            sqes.push(Sqe::fence(ep, FenceMode::COMPLETE));
         }
         for &(slot, _) in &written {
             sqes.push(Sqe::get(

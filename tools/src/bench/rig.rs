@@ -104,8 +104,8 @@ impl Initiator {
             });
             let mode = match cli.fence {
                 FenceKind::None => None,
-                FenceKind::Weak => Some(FenceMode::WEAK),
-                FenceKind::Strong => Some(FenceMode::STRONG),
+                FenceKind::Weak => Some(FenceMode::ORDER),
+                FenceKind::Strong => Some(FenceMode::COMPLETE),
             };
             if let Some(mode) = mode {
                 if (i + 1) % cli.fence_every == 0 && i + 1 < batch {

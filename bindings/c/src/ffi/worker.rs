@@ -4,7 +4,7 @@
 use super::{check_out, count, guard, read, store, write};
 use crate::abi::{
     RF_EP_CLOSED, RF_EP_CLOSING, RF_EP_CONNECTED, RF_EP_CONNECTING, RF_EP_FAILED, RF_VERSION,
-    rf_worker_config, rf_worker_t,
+    rf_fence_state, rf_worker_config, rf_worker_t,
 };
 use crate::table::{Kind, Table};
 use core::ffi::{c_char, c_int, c_void};
@@ -377,6 +377,58 @@ pub unsafe extern "C" fn rf_ep_state(worker: rf_worker_t, ep: u32, error: *mut c
             // before it.
             _ => RF_EP_CLOSED,
         })
+    })
+}
+
+/// Stores a snapshot of endpoint `ep`'s fence engine in `*state`: its
+/// epochs, dirty and covered lanes, the fence flush in flight, the weak
+/// admission, the deferred and in-flight counts, and its fence and flush
+/// counters by cause.
+///
+/// Returns 0; `RF_EINVALID_ARGUMENT` if `state` is NULL or misaligned;
+/// `RF_EINVALID_ENDPOINT` for an id `rf_ep_connect` did not hand out;
+/// `RF_ESTALE_HANDLE`.
+///
+/// # Safety
+/// - `state` is NULL or points to a writable `struct rf_fence_state`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rf_ep_fence_state(
+    worker: rf_worker_t,
+    ep: u32,
+    state: *mut rf_fence_state,
+) -> c_int {
+    guard(|| {
+        let out = check_out(state)?;
+        let (f, s) = with_worker(worker, |w| {
+            let id = *w.ids().endpoints.get(&ep).ok_or(Status::InvalidEndpoint)?;
+            let f = w.worker.fence_state(id).map_err(|e| e.status())?;
+            let s = w.worker.endpoint_stats(id).ok_or(Status::InvalidEndpoint)?;
+            Ok((f, s))
+        })?;
+        let (flushing_lanes, fence_target) = f.fence_flush.unwrap_or_default();
+        let (weak_lane, weak_epoch) = f.weak.unwrap_or((u8::MAX, 0));
+        let snapshot = rf_fence_state {
+            submit_epoch: f.submit_epoch,
+            admitted_epoch: f.admitted_epoch,
+            dirty_lanes: f.dirty_lanes,
+            covered_lanes: f.covered_lanes,
+            flushing_lanes,
+            fence_target,
+            weak_epoch,
+            fences: s.fences,
+            weak_fences: s.weak_fences,
+            fence_flushes: s.fence_flushes,
+            notify_flushes: s.notify_flushes,
+            user_flushes: s.user_flushes,
+            worker_flushes: s.worker_flushes,
+            deferred: f.deferred,
+            in_flight: f.in_flight,
+            weak_lane,
+            reserved: [0; 7],
+        };
+        // SAFETY: checked; writable (contract).
+        unsafe { store(out, snapshot) };
+        Ok(0)
     })
 }
 

@@ -1,0 +1,343 @@
+//! The worker flush (a quiet, FENCE.md R26): the union of every endpoint's
+//! flush, bounded to what was submitted before it.
+//!
+//! A worker flush takes one request slot, whatever the number of
+//! endpoints. When it is taken, each endpoint contributes one *part*:
+//! - nothing, if it is failed or closed (its failure was reported on its
+//!   own operations), or has nothing outstanding and nothing queued;
+//! - a driver flush now, of what is outstanding (D, the lanes in flight
+//!   under a fence flush or other flushes), if nothing is queued;
+//! - if requests are queued (behind a boundary or a handshake), a wait for
+//!   the last of them to start, then that driver flush: it covers the
+//!   queued requests submitted before the worker flush (R23) and nothing
+//!   submitted after it has to finish first;
+//! - on a closing endpoint, a wait for the close, which comes after
+//!   everything else submitted on it (R41).
+//!
+//! The worker flush completes when every part has: with success, or the
+//! first error of a part (an endpoint that failed meanwhile). A part's
+//! flush cleans the lanes it covered, as a user FLUSH does (W2).
+
+use super::*;
+
+/// One endpoint's part of a worker flush.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct QuietPart {
+    /// The worker flush's request.
+    pub flush: u32,
+    pub state: PartState,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PartState {
+    /// Waits for request `.0`, the endpoint's last queued one when the
+    /// worker flush was taken, to leave the queue.
+    After(u32),
+    /// To start at the next dispatch (the driver had no room).
+    Ready,
+    /// The driver flush is in flight; it took these lanes out of D.
+    Started(LaneMask),
+    /// Waits for the endpoint's close.
+    UntilClosed,
+}
+
+impl Engine {
+    /// Takes worker flush `id`: one part per endpoint with something to
+    /// cover; completes it at once if none has.
+    pub(super) fn worker_flush(&mut self, id: RequestId) {
+        self.request_mut(id).len = 0; // parts not finished
+        let mut parts = 0u32;
+        for e in 0..self.endpoints.len() {
+            let ep = &self.endpoints[e];
+            let state = match ep.state {
+                EpState::Failed | EpState::Closed => continue,
+                EpState::Closing => PartState::UntilClosed,
+                EpState::Connected if ep.head != NONE => PartState::After(ep.tail),
+                EpState::Connected => PartState::Ready,
+            };
+            if state == PartState::Ready {
+                match self.start_worker_part(e, id) {
+                    Some(PartState::Ready) => {}
+                    Some(started) => {
+                        self.add_part(e, id, started);
+                        parts += 1;
+                        continue;
+                    }
+                    None => continue, // nothing to flush, or done inside the call
+                }
+            }
+            self.add_part(e, id, state);
+            parts += 1;
+            if state == PartState::Ready {
+                self.schedule(e);
+            }
+        }
+        if parts == 0 {
+            let result = self.worker_result(id);
+            return self.complete(id, result);
+        }
+        let r = self.request_mut(id);
+        r.len = parts;
+        r.set_state(State::Posted);
+    }
+
+    fn add_part(&mut self, e: usize, flush: RequestId, state: PartState) {
+        self.cold[e].quiet_parts.push(QuietPart {
+            flush: flush.0,
+            state,
+        });
+        self.endpoints[e].set(QUIET, true);
+        if matches!(state, PartState::Started(_)) {
+            self.endpoints[e].inflight += 1;
+        }
+    }
+
+    /// Starts the driver flush of worker flush `flush`'s part on endpoint
+    /// `e`: of every lane with outstanding work. `None` if there was
+    /// nothing to flush or the flush finished inside the call (its result
+    /// is recorded in the worker flush), else the part's new state
+    /// (`Started`, or `Ready` if the driver had no room).
+    fn start_worker_part(&mut self, e: usize, flush: RequestId) -> Option<PartState> {
+        let ep = &self.endpoints[e];
+        let cleans = ep.dirty;
+        let mask = ep.dirty | ep.flushing | self.cold[e].covered;
+        if mask == 0 {
+            return None;
+        }
+        let mask = self.normalize(e, mask);
+        let token = Named::WorkerPart { endpoint: e, flush }.token();
+        self.count_flush(e, FlushCause::Worker);
+        self.cover(e, cleans);
+        let ep = &self.endpoints[e];
+        let posted = if ep.has(MIXED) {
+            let mut parts = FlushParts {
+                remaining: mask,
+                ..FlushParts::default()
+            };
+            self.start_parts(e, &mut parts, token);
+            if parts.is_done() {
+                Posted::Done(parts.result())
+            } else if parts.remaining == mask && parts.pending == 0 {
+                Posted::NoResource
+            } else {
+                self.cold[e].user_flushes.push((flush.0, parts));
+                if parts.remaining != 0 {
+                    self.schedule(e);
+                }
+                Posted::InFlight
+            }
+        } else {
+            let driver_ep = crate::driver::DriverEp(ep.driver_ep);
+            self.drivers[ep.driver as usize].flush(driver_ep, mask, token)
+        };
+        match posted {
+            Posted::InFlight => Some(PartState::Started(cleans)),
+            Posted::Done(result) => {
+                self.flush_ended(e, cleans, result);
+                self.note_part_result(e, flush, result);
+                None
+            }
+            Posted::NoResource => {
+                self.flush_ended(e, cleans, Err(Status::NoResource));
+                Some(PartState::Ready)
+            }
+        }
+    }
+
+    /// Request `id` of endpoint `e` left its queue (started or completed):
+    /// worker flush parts waiting for it may start.
+    pub(super) fn left_queue(&mut self, e: usize, id: RequestId) {
+        let mut ready = false;
+        for part in &mut self.cold[e].quiet_parts {
+            if part.state == PartState::After(id.0) {
+                part.state = PartState::Ready;
+                ready = true;
+            }
+        }
+        if ready {
+            self.service_parts(e);
+        }
+    }
+
+    /// Starts the parts of endpoint `e` that are ready (from dispatch).
+    pub(super) fn service_parts(&mut self, e: usize) {
+        let mut i = 0;
+        while i < self.cold[e].quiet_parts.len() {
+            let part = self.cold[e].quiet_parts[i];
+            if part.state != PartState::Ready {
+                i += 1;
+                continue;
+            }
+            match self.start_worker_part(e, RequestId(part.flush)) {
+                Some(PartState::Ready) => {
+                    self.schedule(e);
+                    i += 1;
+                }
+                Some(started) => {
+                    self.cold[e].quiet_parts[i].state = started;
+                    self.endpoints[e].inflight += 1;
+                    i += 1;
+                }
+                None => {
+                    self.remove_part(e, i);
+                    self.part_finished(RequestId(part.flush));
+                }
+            }
+        }
+    }
+
+    fn remove_part(&mut self, e: usize, i: usize) {
+        let parts = &mut self.cold[e].quiet_parts;
+        parts.swap_remove(i);
+        if parts.is_empty() {
+            self.endpoints[e].set(QUIET, false);
+        }
+    }
+
+    /// The driver flush of worker flush `flush`'s part on endpoint `e`
+    /// completed with `result` (one part of it, on an endpoint with lanes
+    /// on several drivers). A completion that names no part in flight is
+    /// stray.
+    pub(super) fn worker_part_done(
+        &mut self,
+        e: usize,
+        flush: RequestId,
+        result: Result<u32, Status>,
+    ) {
+        let Some(i) = self.cold.get(e).and_then(|c| {
+            c.quiet_parts
+                .iter()
+                .position(|p| p.flush == flush.0 && matches!(p.state, PartState::Started(_)))
+        }) else {
+            self.stray_completions += 1;
+            return;
+        };
+        let mut result = result;
+        if self.endpoints[e].has(MIXED) {
+            match self.part_done(e, Some(flush.0), result) {
+                Part::Done(all) => result = all,
+                Part::Waiting => return,
+                Part::Stray => {
+                    self.stray_completions += 1;
+                    return;
+                }
+            }
+        }
+        self.worker_part_finished(e, i, result);
+    }
+
+    /// Part `i` of endpoint `e`, whose driver flush was in flight, finished
+    /// with `result`.
+    pub(super) fn worker_part_finished(&mut self, e: usize, i: usize, result: Result<u32, Status>) {
+        let part = self.cold[e].quiet_parts[i];
+        let PartState::Started(cleans) = part.state else {
+            return;
+        };
+        self.endpoints[e].inflight -= 1;
+        self.remove_part(e, i);
+        self.flush_ended(e, cleans, result);
+        let flush = RequestId(part.flush);
+        self.note_part_result(e, flush, result);
+        self.part_finished(flush);
+        if let Err(status) = result {
+            if is_fatal(status) {
+                self.fail_endpoint(e, status);
+            }
+        }
+    }
+
+    /// Whether request `id` is a worker flush's whose part on endpoint
+    /// `e` has a flush split over several drivers (see `retry_parts`).
+    pub(super) fn is_worker_part(&self, e: usize, id: u32) -> bool {
+        self.cold[e]
+            .quiet_parts
+            .iter()
+            .any(|p| p.flush == id && matches!(p.state, PartState::Started(_)))
+    }
+
+    /// The part of worker flush `id` on endpoint `e`, split over several
+    /// drivers, finished with `result` (from `retry_parts` or
+    /// `abandon_parts`).
+    pub(super) fn split_worker_part_finished(
+        &mut self,
+        e: usize,
+        id: u32,
+        result: Result<u32, Status>,
+    ) {
+        if let Some(i) = self.cold[e]
+            .quiet_parts
+            .iter()
+            .position(|p| p.flush == id && matches!(p.state, PartState::Started(_)))
+        {
+            self.worker_part_finished(e, i, result);
+        }
+    }
+
+    /// Records a part's failure in worker flush `flush` (the first one is
+    /// its result).
+    fn note_part_result(&mut self, e: usize, flush: RequestId, result: Result<u32, Status>) {
+        if let Err(status) = result {
+            tracing::debug!(endpoint = e, %status, "worker flush part failed");
+            let r = self.request_mut(flush);
+            if r.operand2 == 0 {
+                r.operand2 = status.as_raw() as i64 as u64;
+            }
+        }
+    }
+
+    /// The result a worker flush completes with.
+    fn worker_result(&self, flush: RequestId) -> Result<u32, Status> {
+        match self.request(flush).operand2 {
+            0 => Ok(0),
+            raw => Err(Status::try_from(raw as i64 as i32).unwrap_or(Status::EndpointFailed)),
+        }
+    }
+
+    /// One part of worker flush `flush` finished; the last completes it.
+    fn part_finished(&mut self, flush: RequestId) {
+        let r = self.request_mut(flush);
+        if r.state() != State::Posted {
+            return; // still being taken: `worker_flush` counts what is left
+        }
+        r.len -= 1;
+        if r.len == 0 {
+            let result = self.worker_result(flush);
+            self.complete(flush, result);
+        }
+    }
+
+    /// Endpoint `e` ended (failed with `status`, or closed with `None`):
+    /// parts that wait on it finish now, with the failure; a part whose
+    /// driver flush is in flight finishes when its driver returns it.
+    pub(super) fn end_parts(&mut self, e: usize, status: Option<Status>) {
+        let mut i = 0;
+        while i < self.cold[e].quiet_parts.len() {
+            let part = self.cold[e].quiet_parts[i];
+            if matches!(part.state, PartState::Started(_)) {
+                i += 1;
+                continue;
+            }
+            self.remove_part(e, i);
+            let flush = RequestId(part.flush);
+            if let Some(status) = status {
+                self.note_part_result(e, flush, Err(status));
+            }
+            self.part_finished(flush);
+        }
+    }
+
+    /// At shutdown, after the drivers quiesced: parts still in flight
+    /// finish canceled.
+    pub(super) fn cancel_parts(&mut self) {
+        for e in 0..self.endpoints.len() {
+            while let Some(i) = self.cold[e]
+                .quiet_parts
+                .iter()
+                .position(|p| matches!(p.state, PartState::Started(_)))
+            {
+                self.worker_part_finished(e, i, Err(Status::Canceled));
+            }
+            self.end_parts(e, Some(Status::Canceled));
+        }
+    }
+}
