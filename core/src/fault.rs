@@ -13,7 +13,9 @@
 //!   lane index;
 //! - injected errors on a chosen post or flush, on every or the next post
 //!   of a lane, and `NoResource` back-pressure for the next N posts;
-//! - lane generation bumps (the lane is "replaced");
+//! - lane generation bumps (the lane is "replaced"): what is held on the
+//!   old channel is no longer ordered with what is posted on the new one,
+//!   as with two connections, though a flush still waits for both;
 //! - blocked flushes (held until unblocked), duplicated flush completions
 //!   and injected stray completions, as a network with lane replacement
 //!   can produce.
@@ -113,6 +115,11 @@ struct Program {
 
 impl Program {
     /// The timing of a post on `lane`: its override, else the global one.
+    /// The generation of `lane` of `ep` (0 until it is first bumped).
+    fn generation(&self, ep: DriverEp, lane: u8) -> u32 {
+        self.generations.get(&(ep.0, lane)).copied().unwrap_or(0)
+    }
+
     fn lane_timing(&self, lane: u8) -> Timing {
         self.lane_timing
             .get(usize::from(lane))
@@ -284,6 +291,9 @@ struct Held {
     due: Instant,
     /// An injected failure: completes with it instead of executing.
     fail: Option<Status>,
+    /// The lane's generation when it was posted: its channel. Channels of
+    /// one lane are not ordered with each other.
+    generation: u32,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -525,6 +535,21 @@ impl<D: Driver> FaultInjector<D> {
     }
 
     /// Releases what is due from one lane into `out`.
+    /// On an ordered lane: the oldest held operation that is due and first
+    /// in its channel (a replaced lane's old channel and its new one
+    /// release independently, as two connections would).
+    fn channel_head(&self, queue: &VecDeque<Held>) -> Option<usize> {
+        queue
+            .iter()
+            .enumerate()
+            .find(|(i, h)| {
+                h.release_at <= self.polls
+                    && h.due <= self.now
+                    && queue.iter().take(*i).all(|o| o.generation != h.generation)
+            })
+            .map(|(i, _)| i)
+    }
+
     fn release_lane(
         &mut self,
         ep: usize,
@@ -549,16 +574,14 @@ impl<D: Driver> FaultInjector<D> {
                     .filter(|h| h.release_at <= self.polls && h.due <= self.now)
                     .count()
             } else {
-                usize::from(
-                    queue
-                        .front()
-                        .is_some_and(|h| h.release_at <= self.polls && h.due <= self.now),
-                )
+                usize::from(self.channel_head(queue).is_some())
             };
             if candidates == 0 {
                 break;
             }
-            let pick = if unordered {
+            let pick = if !unordered {
+                self.channel_head(queue).unwrap_or(0)
+            } else {
                 let k = (self.next_random() % candidates as u64) as usize;
                 let queue = &self.held[ep][lane];
                 queue
@@ -568,8 +591,6 @@ impl<D: Driver> FaultInjector<D> {
                     .nth(k)
                     .map(|(i, _)| i)
                     .unwrap_or(0)
-            } else {
-                0
             };
             let held = self.held[ep][lane]
                 .remove(pick)
@@ -653,14 +674,14 @@ impl<D: Driver> Driver for FaultInjector<D> {
     }
 
     unsafe fn post(&mut self, ep: DriverEp, op: &Op, token: Token) -> Posted {
-        let (timing, fail) = {
+        let (timing, fail, generation) = {
             let mut p = self.program();
             if p.no_resource > 0 {
                 p.no_resource -= 1;
                 return Posted::NoResource;
             }
             let fail = p.take_post_failure(self.posts, op.lane);
-            (p.lane_timing(op.lane), fail)
+            (p.lane_timing(op.lane), fail, p.generation(ep, op.lane))
         };
         self.posts += 1;
         if timing == Timing::Synchronous && self.lane_idle(ep, op.lane) {
@@ -692,6 +713,7 @@ impl<D: Driver> Driver for FaultInjector<D> {
             release_at,
             due,
             fail,
+            generation,
         });
         self.count_held();
         Posted::InFlight
@@ -834,11 +856,7 @@ impl<D: Driver> Driver for FaultInjector<D> {
     }
 
     fn lane_generation(&self, ep: DriverEp, lane: u8) -> u32 {
-        self.program()
-            .generations
-            .get(&(ep.0, lane))
-            .copied()
-            .unwrap_or(0)
+        self.program().generation(ep, lane)
     }
 }
 

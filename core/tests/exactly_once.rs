@@ -40,6 +40,8 @@ enum Kind {
         strong: bool,
     },
     Flush,
+    /// A worker flush (the step's endpoint is ignored).
+    Quiet,
     Notify {
         len: u8,
     },
@@ -55,6 +57,7 @@ fn kind() -> impl Strategy<Value = Kind> {
         (0u8..8).prop_map(|word| Kind::Fadd { word }),
         any::<bool>().prop_map(|strong| Kind::Fence { strong }),
         Just(Kind::Flush),
+        Just(Kind::Quiet),
         (0u8..=64).prop_map(|len| Kind::Notify { len }),
         any::<u8>().prop_map(Kind::Broken),
     ]
@@ -229,6 +232,7 @@ fn run_case(
                         false,
                     ),
                     Kind::Flush => (Sqe::flush(e), false),
+                    Kind::Quiet => (Sqe::flush_worker(), false),
                     Kind::Notify { len } => {
                         (Sqe::notify(e, local.local(0), u32::from(*len)), false)
                     }
@@ -263,7 +267,10 @@ fn run_case(
                     prop_assert!(Instant::now() < deadline, "SQ never drained");
                 }
                 expected.insert(next_id, (!*skip, must_fail));
-                endpoint_of.insert(next_id, *ep);
+                // A worker flush covers endpoint 0 too, and fails with its
+                // connect error as its requests do.
+                let covers = if matches!(kind, Kind::Quiet) { 0 } else { *ep };
+                endpoint_of.insert(next_id, covers);
                 next_id += 1;
             }
             Step::Progress(n) => {

@@ -1,7 +1,9 @@
 //! The boundary between the engine and the transports.
 //!
 //! A driver moves bytes; the engine decides what, when, and in which order.
-//! Drivers never call back into the engine: [`Driver::post`] and
+//! Drivers never call back into the engine (a driver method that calls the
+//! `Worker`, a `QueuePair` or a buffer of the worker that drives it panics
+//! with a message naming this rule, rather than deadlock): [`Driver::post`] and
 //! [`Driver::flush`] return [`Posted::Done`] (finished, with its result),
 //! [`Posted::InFlight`] (its completion will come out of [`Driver::poll`]
 //! as a [`Completion`] carrying the same [`Token`]), or

@@ -28,7 +28,8 @@ impl Engine {
 
     pub(super) fn on_completion(&mut self, c: Completion) {
         match Named::of(c.token) {
-            Some(Named::Request(id)) => self.request_done(id, c.result),
+            Some(Named::Request(id)) => self.request_done(id, None, c.result),
+            Some(Named::Flush { id, serial }) => self.request_done(id, Some(serial), c.result),
             Some(Named::Connect(e)) => self.connect_done(e, c.result),
             Some(Named::Fence { endpoint, serial }) => {
                 self.fence_part_done(endpoint, serial, c.result);
@@ -67,13 +68,22 @@ impl Engine {
         self.fence_flush_done(e, result);
     }
 
-    /// A completion of request `id`, posted to a driver.
-    fn request_done(&mut self, id: RequestId, result: Result<u32, Status>) {
+    /// A completion of request `id`, posted to a driver: of its flush
+    /// number `serial` if it is a user FLUSH or CLOSE. A completion that
+    /// does not match what the slot holds now is stray.
+    fn request_done(&mut self, id: RequestId, serial: Option<u32>, result: Result<u32, Status>) {
         let live = self
             .queues
             .get(id.queue())
             .and_then(|q| q.pool.get(id.slot()))
-            .is_some_and(|r| r.state() == State::Posted && !r.is_worker_flush());
+            .is_some_and(|r| {
+                let flush = matches!(r.opcode(), Opcode::FLUSH | Opcode::CLOSE);
+                let matches = match serial {
+                    Some(serial) => flush && r.remote_addr == u64::from(serial),
+                    None => !flush,
+                };
+                r.state() == State::Posted && !r.is_worker_flush() && matches
+            });
         if !live {
             self.stray_completions += 1;
             return;

@@ -176,7 +176,7 @@ impl Engine {
                 }
                 .token()
             } else {
-                Token(u64::from(id))
+                self.flush_token(RequestId(id))
             };
             self.start_parts(e, &mut parts, token);
             if parts.is_done() {

@@ -176,8 +176,11 @@ pub(crate) struct Engine {
     run_ops: Vec<Op>,
     run_results: Box<[Result<u32, Status>]>,
     pub(crate) stats: Stats,
-    /// Completions whose token matched nothing in flight (a driver bug).
+    /// Completions whose token matched nothing in flight (a driver bug,
+    /// or a late or duplicated flush completion).
     pub(crate) stray_completions: u64,
+    /// The serial of the last user flush started ([`Named::Flush`]).
+    flush_serial: u32,
     pub(crate) shut_down: bool,
 }
 
@@ -218,6 +221,7 @@ impl Engine {
             run_results: vec![Ok(0); INTAKE_BATCH].into_boxed_slice(),
             stats: Stats::default(),
             stray_completions: 0,
+            flush_serial: 0,
             shut_down: false,
         }
     }

@@ -38,10 +38,11 @@ impl Engine {
                 // finds the lanes in the request.
                 self.cover(e, cleans);
                 self.request_mut(id).operand = cleans;
+                let token = self.new_flush_token(id);
                 let posted = if mixed {
-                    self.start_user_parts(e, id, mask)
+                    self.start_user_parts(e, id, mask, token)
                 } else {
-                    self.drivers[driver].flush(driver_ep, mask, Token(u64::from(id.0)))
+                    self.drivers[driver].flush(driver_ep, mask, token)
                 };
                 if posted == Posted::NoResource {
                     // Not started: the lanes are dirty as before.
@@ -86,12 +87,18 @@ impl Engine {
     /// finished inside its driver's call, no room if no driver took its
     /// part (the request goes back to the head of its queue), else in
     /// flight (parts without room are retried from dispatch).
-    fn start_user_parts(&mut self, e: usize, id: RequestId, mask: LaneMask) -> Posted {
+    fn start_user_parts(
+        &mut self,
+        e: usize,
+        id: RequestId,
+        mask: LaneMask,
+        token: Token,
+    ) -> Posted {
         let mut parts = FlushParts {
             remaining: mask,
             ..FlushParts::default()
         };
-        self.start_parts(e, &mut parts, Token(u64::from(id.0)));
+        self.start_parts(e, &mut parts, token);
         if parts.is_done() {
             return Posted::Done(parts.result());
         }
@@ -110,6 +117,23 @@ impl Engine {
             self.schedule(e);
         }
         Posted::InFlight
+    }
+
+    /// The token of user FLUSH or CLOSE `id`, whose flush starts now: it
+    /// names this flush (a new serial, kept in the request's otherwise
+    /// unused `remote_addr`), so that a late or duplicated completion of
+    /// an earlier flush in the same slot is stray (R25).
+    fn new_flush_token(&mut self, id: RequestId) -> Token {
+        self.flush_serial = Named::next_flush_serial(self.flush_serial);
+        let serial = self.flush_serial;
+        self.request_mut(id).remote_addr = u64::from(serial);
+        Named::Flush { id, serial }.token()
+    }
+
+    /// The token user FLUSH or CLOSE `id` started its flush with.
+    pub(super) fn flush_token(&self, id: RequestId) -> Token {
+        let serial = self.request(id).remote_addr as u32;
+        Named::Flush { id, serial }.token()
     }
 
     /// The operation a queued PUT, GET, ATOMIC or NOTIFY request asks for,

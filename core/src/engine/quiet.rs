@@ -3,8 +3,13 @@
 //!
 //! A worker flush takes one request slot, whatever the number of
 //! endpoints. When it is taken, each endpoint contributes one *part*:
-//! - nothing, if it is failed or closed (its failure was reported on its
-//!   own operations), or has nothing outstanding and nothing queued;
+//! - nothing, if it is closed, or has nothing outstanding and nothing
+//!   queued;
+//! - if it is failed: nothing if it holds no work (its failure was
+//!   reported on its own operations), else its sticky error, at once: work
+//!   still in flight or written and never flushed on a failed endpoint
+//!   cannot be promised complete. Closing a failed endpoint (which
+//!   succeeds at once, R34) ends that;
 //! - a driver flush now, of what is outstanding (D, the lanes in flight
 //!   under a fence flush or other flushes), if nothing is queued;
 //! - if requests are queued (behind a boundary or a handshake), a wait for
@@ -50,7 +55,14 @@ impl Engine {
         for e in 0..self.endpoints.len() {
             let ep = &self.endpoints[e];
             let state = match ep.state {
-                EpState::Failed | EpState::Closed => continue,
+                EpState::Closed => continue,
+                EpState::Failed => {
+                    if ep.inflight > 0 || (ep.dirty | ep.flushing | self.cold[e].covered) != 0 {
+                        let status = ep.error();
+                        self.note_part_result(e, id, Err(status));
+                    }
+                    continue;
+                }
                 EpState::Closing => PartState::UntilClosed,
                 EpState::Connected if ep.head != NONE => PartState::After(ep.tail),
                 EpState::Connected => PartState::Ready,

@@ -7,14 +7,18 @@
 //! | bits 63–62 | bits 61–32          | bits 31–0              |
 //! |------------|---------------------|------------------------|
 //! | `00`       | 0                   | a [`RequestId`]        |
+//! | `00`       | the flush's serial  | a FLUSH's `RequestId`  |
 //! | `01`       | 0                   | the endpoint (connect) |
 //! | `10`       | the flush's serial  | the endpoint (fence)   |
 //! | `11`       | the endpoint        | the worker flush's id  |
 //!
-//! A fence flush's serial tells one flush of an endpoint from the next
-//! (FENCE.md R25): a late or duplicated completion of an earlier one, which
-//! a lane replacement can produce on a network, is stray instead of being
-//! taken for the completion of the flush in flight.
+//! A flush's serial tells one flush from the next (FENCE.md R25): a late
+//! or duplicated completion of an earlier one, which a lane replacement
+//! can produce on a network, is stray instead of being taken for the
+//! completion of the flush in flight: for a fence flush, the endpoint's
+//! next one; for a user FLUSH or CLOSE, whatever request took its slot
+//! since. User flushes' serials are never 0, so their tokens are never a
+//! plain request's.
 
 use crate::driver::Token;
 use crate::request::RequestId;
@@ -28,8 +32,10 @@ const MIDDLE: u64 = (1 << 30) - 1;
 /// What a token names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Named {
-    /// A request the driver runs: an operation, a user FLUSH, a CLOSE.
+    /// An operation the driver runs.
     Request(RequestId),
+    /// User FLUSH or CLOSE `id`, its flush number `serial` (1..2^30).
+    Flush { id: RequestId, serial: u32 },
     /// The handshake of endpoint `.0`.
     Connect(usize),
     /// Fence flush number `serial` (modulo 2^30) of `endpoint`.
@@ -44,6 +50,7 @@ impl Named {
         let low = |v: usize| v as u64 & u64::from(u32::MAX);
         Token(match self {
             Named::Request(id) => u64::from(id.0),
+            Named::Flush { id, serial } => (u64::from(serial) & MIDDLE) << 32 | u64::from(id.0),
             Named::Connect(e) => CONNECT | low(e),
             Named::Fence { endpoint, serial } => {
                 FENCE | (u64::from(serial) & MIDDLE) << 32 | low(endpoint)
@@ -59,6 +66,10 @@ impl Named {
         let (kind, middle, low) = (token.0 & KIND, (token.0 >> 32) & MIDDLE, token.0 as u32);
         Some(match kind {
             0 if middle == 0 => Named::Request(RequestId(low)),
+            0 => Named::Flush {
+                id: RequestId(low),
+                serial: middle as u32,
+            },
             CONNECT if middle == 0 => Named::Connect(low as usize),
             FENCE => Named::Fence {
                 endpoint: low as usize,
@@ -70,6 +81,11 @@ impl Named {
             },
             _ => return None,
         })
+    }
+
+    /// The serial after `serial` for user flushes: never 0, within 30 bits.
+    pub(super) fn next_flush_serial(serial: u32) -> u32 {
+        ((u64::from(serial) + 1) & MIDDLE).max(1) as u32
     }
 
     /// Whether fence flush serial `serial` (as the engine counts it) is
@@ -87,6 +103,10 @@ mod tests {
     fn every_kind_round_trips_and_foreign_tokens_name_nothing() {
         let named = [
             Named::Request(RequestId(0xdead_beef)),
+            Named::Flush {
+                id: RequestId(7),
+                serial: 1,
+            },
             Named::Connect(7),
             Named::Fence {
                 endpoint: 65_535,
@@ -115,8 +135,9 @@ mod tests {
         );
         assert!(Named::same_serial((1 << 30) + 5, 5));
         assert!(!Named::same_serial(6, 5));
-        // Bits no call sets: not a request with a large id.
-        assert_eq!(Named::of(Token(1 << 40)), None);
+        assert_eq!(Named::next_flush_serial((1 << 30) - 1), 1, "never 0");
+        assert_eq!(Named::next_flush_serial(0), 1);
+        // Bits no call sets.
         assert_eq!(Named::of(Token(CONNECT | 1 << 40)), None);
     }
 }

@@ -59,7 +59,8 @@ impl QueuePair {
     ///
     /// It runs only if the engine would start `sqe` at once anyway (a valid
     /// PUT or GET on a connected endpoint with nothing queued and no fence
-    /// pending, through a driver that finishes operations inside the call,
+    /// pending, or only a weak fence on the lane it takes (FENCE.md R8),
+    /// through a driver that finishes operations inside the call,
     /// as shm and loopback do), this queue pair has no SQE the engine has
     /// not taken yet (pushed ones included: one could be a FENCE), and no
     /// other thread is inside the engine (a core thread's progress round).

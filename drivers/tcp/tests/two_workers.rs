@@ -123,6 +123,57 @@ fn put_get_atomic_notify() {
     assert_eq!(&*tq.notification(&cqe).unwrap(), b"hello");
 }
 
+/// A worker flush (FENCE.md R26) over 4 lanes: when it completes, every
+/// PUT before it is acknowledged, so its data is in the window; the
+/// endpoint's lanes are clean after it.
+#[test]
+fn a_worker_flush_completes_after_every_put_before_it_landed() {
+    let p = pair(1 << 20, 4);
+    let src = p.initiator.alloc_registered(1 << 20).unwrap();
+    let data = pattern(1 << 20, 7);
+    src.write(0, &data);
+    let mut qp = p.initiator.create_queue().unwrap();
+    let ep = p.ep.as_raw();
+    let mut sqes: Vec<Sqe> = (0..16u64)
+        .map(|k| {
+            let remote = RemoteBuf {
+                rkey: p.rkey.as_raw(),
+                addr: p.window.addr() + k * 65536,
+            };
+            Sqe::put(ep, src.local(k * 65536), remote, 65536).with_user_data(k)
+        })
+        .collect();
+    sqes.push(Sqe::flush_worker().with_user_data(100));
+    assert_eq!(qp.push_batch(&sqes).unwrap(), sqes.len());
+    qp.submit();
+    // Until the worker flush's CQE, and not a round more.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut cqes = Vec::new();
+    while !cqes.iter().any(|c: &Cqe| c.user_data == 100) {
+        p.initiator.progress();
+        p.target.progress();
+        while let Some(c) = qp.pop().unwrap() {
+            cqes.push(c);
+        }
+        assert!(Instant::now() < deadline, "hung: {cqes:?}");
+    }
+    assert!(cqes.iter().all(|c| c.res >= 0), "{cqes:?}");
+    let mut landed = vec![0u8; 1 << 20];
+    p.window.read(0, &mut landed);
+    assert!(
+        landed == data,
+        "the worker flush completed before the data landed"
+    );
+    let state = p.initiator.fence_state(p.ep).unwrap();
+    assert_eq!(
+        (state.dirty_lanes, state.covered_lanes),
+        (0, 0),
+        "{state:?}"
+    );
+    let stats = p.initiator.endpoint_stats(p.ep).unwrap();
+    assert_eq!((stats.worker_flushes, stats.flushes), (1, 1), "{stats:?}");
+}
+
 /// Data of `len` bytes, different for each `seed`.
 fn pattern(len: usize, seed: u64) -> Vec<u8> {
     (0..len)
