@@ -13,7 +13,9 @@
 #     put_lat_8B/ringfence_shm (ping-pong through the ring) and
 #     put_lat_8B/ringfence_shm_now (through `try_now`);
 #   - criterion bench `engine`: nop_roundtrip/ringfence (inline and with
-#     the core thread).
+#     the core thread);
+#   - criterion bench `fence`: fence_cost (ns per PUT with no fence, weak
+#     and strong fences every 8 PUTs).
 # and prints each figure; at the end, per figure, the median of each build
 # over the rounds and the ratio new/base (for times, below 1 is faster; for
 # the rate, above 1 is faster). Exit 77 (skip) if python3 is missing.
@@ -30,9 +32,9 @@ OUT=$(mktemp -d /tmp/rf_ab.XXXXXX)
 command -v python3 >/dev/null || { echo "ab: SKIPPED: python3 is needed" >&2; exit 77; }
 
 # build DIR TARGET: the bench executables of the checkout in DIR, built
-# into TARGET; prints "shm=PATH engine=PATH".
+# into TARGET; prints "shm=PATH engine=PATH fence=PATH".
 build() {
-    (cd "$1" && CARGO_TARGET_DIR=$2 cargo bench -p ringfence-benches --bench shm --bench engine \
+    (cd "$1" && CARGO_TARGET_DIR=$2 cargo bench -p ringfence-benches --bench shm --bench engine --bench fence \
         --no-run --message-format=json 2>"$OUT/build.err") \
         | python3 -c '
 import json, sys
@@ -42,9 +44,9 @@ for line in sys.stdin:
         m = json.loads(line)
     except ValueError:
         continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("shm", "engine"):
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("shm", "engine", "fence"):
         exes[m["target"]["name"]] = m["executable"]
-print("shm=%s engine=%s" % (exes["shm"], exes["engine"]))
+print("shm=%s engine=%s fence=%s" % (exes["shm"], exes["engine"], exes["fence"]))
 ' || { cat "$OUT/build.err" >&2; exit 1; }
 }
 
@@ -52,9 +54,9 @@ BASE_DIR="$OUT/base"
 git worktree add --detach -q "$BASE_DIR" "$BASE"
 trap 'git -C "$ROOT" worktree remove --force "$BASE_DIR" 2>/dev/null || true' EXIT
 echo "building base ($BASE) ..." >&2
-eval "base_$(build "$BASE_DIR" "${RF_AB_BASE_TARGET:-/tmp/rf_ab_base_target}" | sed 's/ / base_/')"
+eval "base_$(build "$BASE_DIR" "${RF_AB_BASE_TARGET:-/tmp/rf_ab_base_target}" | sed 's/ / base_/g')"
 echo "building new (working tree) ..." >&2
-eval "new_$(build "$ROOT" "$ROOT/target" | sed 's/ / new_/')"
+eval "new_$(build "$ROOT" "$ROOT/target" | sed 's/ / new_/g')"
 
 # median_ns HOME ID: criterion's median for one benchmark id, in ns.
 median_ns() {
@@ -66,9 +68,9 @@ RESULTS="$OUT/results.txt"
 : >"$RESULTS"
 record() { echo "$1 $2 $3" >>"$RESULTS"; printf '  %-5s %-34s %s\n' "$1" "$2" "$3"; }
 
-# run_build NAME SHM ENGINE ROUND
+# run_build NAME SHM ENGINE FENCE ROUND
 run_build() {
-    local name=$1 shm=$2 engine=$3 round=$4 home="$OUT/criterion.$1.$4"
+    local name=$1 shm=$2 engine=$3 fence=$4 round=$5 home="$OUT/criterion.$1.$5"
     local args=(--bench --warm-up-time "$WARMUP" --measurement-time "$MEASURE")
     (cd "$ROOT" && CRITERION_HOME=$home "$shm" "${args[@]}" 'put_rate_8B/ringfence_shm$|put_lat_8B/ringfence_shm' \
         >"$OUT/$name.shm.$round.log" 2>&1) || { tail -30 "$OUT/$name.shm.$round.log" >&2; exit 1; }
@@ -79,16 +81,22 @@ run_build() {
     record "$name" put_lat_8B_now_ns "$(median_ns "$home" put_lat_8B/ringfence_shm_now)"
     record "$name" nop_inline_ns "$(median_ns "$home" 'nop_roundtrip/ringfence_inline_batch32')"
     record "$name" nop_core_thread_ns "$(median_ns "$home" 'nop_roundtrip/ringfence_core_thread_batch32')"
+    (cd "$ROOT" && CRITERION_HOME=$home "$fence" "${args[@]}" 'fence_cost' \
+        >"$OUT/$name.fence.$round.log" 2>&1) || { tail -30 "$OUT/$name.fence.$round.log" >&2; exit 1; }
+    local kind
+    for kind in no_fence no_fence_one_lane weak_every_8 strong_every_8 strong_every_8_blocking; do
+        record "$name" "fence_$kind" "$(median_ns "$home" "fence_cost/$kind")"
+    done
 }
 
 for round in $(seq 1 "$ROUNDS"); do
     echo "== round $round of $ROUNDS"
     if [ $((round % 2)) = 1 ]; then
-        run_build base "$base_shm" "$base_engine" "$round"
-        run_build new "$new_shm" "$new_engine" "$round"
+        run_build base "$base_shm" "$base_engine" "$base_fence" "$round"
+        run_build new "$new_shm" "$new_engine" "$new_fence" "$round"
     else
-        run_build new "$new_shm" "$new_engine" "$round"
-        run_build base "$base_shm" "$base_engine" "$round"
+        run_build new "$new_shm" "$new_engine" "$new_fence" "$round"
+        run_build base "$base_shm" "$base_engine" "$base_fence" "$round"
     fi
 done
 

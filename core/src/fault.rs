@@ -42,6 +42,7 @@ use crate::memory::MemKind;
 use ringfence_ring::Status;
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::BorrowedFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -109,14 +110,15 @@ struct Program {
     duplicate_flushes: u32,
     /// Completions to return at the next poll.
     strays: Vec<Completion>,
-    /// Posts and flushes the injector holds (it keeps this up to date).
-    held: usize,
 }
 
 impl Program {
     /// The timing of a post on `lane`: its override, else the global one.
     /// The generation of `lane` of `ep` (0 until it is first bumped).
     fn generation(&self, ep: DriverEp, lane: u8) -> u32 {
+        if self.generations.is_empty() {
+            return 0; // no lane replaced yet: skip the lookup on every post
+        }
         self.generations.get(&(ep.0, lane)).copied().unwrap_or(0)
     }
 
@@ -151,6 +153,7 @@ const DUPLICATE_AFTER: u64 = 2;
 #[derive(Debug, Clone)]
 pub struct FaultHandle {
     program: Arc<Mutex<Program>>,
+    held: Arc<AtomicUsize>,
 }
 
 impl FaultHandle {
@@ -277,7 +280,9 @@ impl FaultHandle {
     /// completed by the injector. Exact between driver calls; duplicated
     /// and stray completions still to come are not counted.
     pub fn held(&self) -> usize {
-        self.program().held
+        // Relaxed: a count read between driver calls, by the thread that
+        // made them or after synchronizing with it through the worker.
+        self.held.load(Ordering::Relaxed)
     }
 }
 
@@ -313,6 +318,10 @@ struct HeldFlush {
 pub struct FaultInjector<D: Driver> {
     inner: D,
     program: Arc<Mutex<Program>>,
+    /// Posts and flushes held (kept up to date for `FaultHandle::held`).
+    held_count: Arc<AtomicUsize>,
+    /// Posts held: the sum of `held`'s queue lengths, kept as they change.
+    held_posts: usize,
     /// Held operations per endpoint handle and lane.
     held: Vec<Vec<VecDeque<Held>>>,
     flushes: VecDeque<HeldFlush>,
@@ -356,11 +365,12 @@ impl<D: Driver> FaultInjector<D> {
             flushes_blocked: false,
             duplicate_flushes: 0,
             strays: Vec::new(),
-            held: 0,
         }));
         let injector = FaultInjector {
             inner,
             program: program.clone(),
+            held_count: Arc::new(AtomicUsize::new(0)),
+            held_posts: 0,
             held: Vec::new(),
             flushes: VecDeque::new(),
             ready: VecDeque::new(),
@@ -372,7 +382,8 @@ impl<D: Driver> FaultInjector<D> {
             seq: 0,
             rng: 0,
         };
-        (injector, FaultHandle { program })
+        let held = injector.held_count.clone();
+        (injector, FaultHandle { program, held })
     }
 
     fn program(&self) -> MutexGuard<'_, Program> {
@@ -443,8 +454,7 @@ impl<D: Driver> FaultInjector<D> {
 
     /// Moves injected strays and the duplicates due at this poll to
     /// `ready`.
-    fn inject(&mut self) {
-        let strays = std::mem::take(&mut self.program().strays);
+    fn inject(&mut self, strays: Vec<Completion>) {
         self.ready.extend(strays);
         while let Some(&(at, c)) = self.late.front() {
             if at > self.polls {
@@ -457,8 +467,16 @@ impl<D: Driver> FaultInjector<D> {
 
     /// Publishes how much is held to the handle.
     fn count_held(&self) {
-        let posts: usize = self.held.iter().flatten().map(VecDeque::len).sum();
-        self.program().held = posts + self.flushes.len();
+        // Relaxed: see `FaultHandle::held`.
+        self.held_count
+            .store(self.held_posts + self.flushes.len(), Ordering::Relaxed);
+    }
+
+    /// Counts the held posts again, after queues were emptied or filtered
+    /// wholesale (disconnect, quiesce), and publishes.
+    fn recount_held(&mut self) {
+        self.held_posts = self.held.iter().flatten().map(VecDeque::len).sum();
+        self.count_held();
     }
 
     /// Releases the held flushes whose time came and whose lanes hold
@@ -539,15 +557,24 @@ impl<D: Driver> FaultInjector<D> {
     /// in its channel (a replaced lane's old channel and its new one
     /// release independently, as two connections would).
     fn channel_head(&self, queue: &VecDeque<Held>) -> Option<usize> {
-        queue
-            .iter()
-            .enumerate()
-            .find(|(i, h)| {
-                h.release_at <= self.polls
-                    && h.due <= self.now
-                    && queue.iter().take(*i).all(|o| o.generation != h.generation)
-            })
-            .map(|(i, _)| i)
+        let due = |h: &Held| h.release_at <= self.polls && h.due <= self.now;
+        let first = queue.front()?;
+        // Generations only grow, so a lane's queue is sorted by them and
+        // each channel is one run of it. One channel (the usual case):
+        // only the head may go.
+        if queue.back().map(|h| h.generation) == Some(first.generation) {
+            return due(first).then_some(0);
+        }
+        let mut channel = None;
+        for (i, h) in queue.iter().enumerate() {
+            if channel != Some(h.generation) {
+                if due(h) {
+                    return Some(i);
+                }
+                channel = Some(h.generation);
+            }
+        }
+        None
     }
 
     fn release_lane(
@@ -562,6 +589,11 @@ impl<D: Driver> FaultInjector<D> {
             let queue = &self.held[ep][lane];
             // Eligible: due, and not behind a fence-flagged op (unordered),
             // or simply the head (ordered).
+            let head = if unordered {
+                None
+            } else {
+                self.channel_head(queue)
+            };
             let candidates = if unordered {
                 let fence_at = queue
                     .iter()
@@ -574,13 +606,13 @@ impl<D: Driver> FaultInjector<D> {
                     .filter(|h| h.release_at <= self.polls && h.due <= self.now)
                     .count()
             } else {
-                usize::from(self.channel_head(queue).is_some())
+                usize::from(head.is_some())
             };
             if candidates == 0 {
                 break;
             }
-            let pick = if !unordered {
-                self.channel_head(queue).unwrap_or(0)
+            let pick = if let Some(head) = head {
+                head
             } else {
                 let k = (self.next_random() % candidates as u64) as usize;
                 let queue = &self.held[ep][lane];
@@ -595,10 +627,12 @@ impl<D: Driver> FaultInjector<D> {
             let held = self.held[ep][lane]
                 .remove(pick)
                 .expect("picked index exists");
+            self.held_posts -= 1;
             if let Some(c) = self.execute(DriverEp(ep as u32), held) {
                 if c.result == Err(Status::NoResource) {
                     // The inner driver is full: keep it, in place, for later.
                     self.held[ep][lane].insert(pick, held);
+                    self.held_posts += 1;
                     break;
                 }
                 out[*n] = c;
@@ -653,7 +687,7 @@ impl<D: Driver> Driver for FaultInjector<D> {
             token: f.token,
             result: Err(Status::Canceled),
         }));
-        self.count_held();
+        self.recount_held();
         self.inner.disconnect(ep);
     }
 
@@ -715,6 +749,7 @@ impl<D: Driver> Driver for FaultInjector<D> {
             fail,
             generation,
         });
+        self.held_posts += 1;
         self.count_held();
         Posted::InFlight
     }
@@ -756,13 +791,19 @@ impl<D: Driver> Driver for FaultInjector<D> {
     fn poll(&mut self, out: &mut [Completion]) -> usize {
         self.polls += 1;
         self.now = Instant::now();
-        self.inject();
+        // One lock of the program per poll.
+        let (timing, unordered, flushes_blocked, strays) = {
+            let mut p = self.program();
+            let strays = if p.strays.is_empty() {
+                Vec::new()
+            } else {
+                std::mem::take(&mut p.strays)
+            };
+            (p.timing, p.unordered, p.flushes_blocked, strays)
+        };
+        self.inject(strays);
         let mut n = crate::driver::drain_completions(&mut self.ready, out);
         n += self.inner.poll(&mut out[n..]);
-        let (timing, unordered, flushes_blocked) = {
-            let p = self.program();
-            (p.timing, p.unordered, p.flushes_blocked)
-        };
         let eps = self.held.len();
         let start = if timing == Timing::Reordered {
             self.next_random() as usize
@@ -829,7 +870,7 @@ impl<D: Driver> Driver for FaultInjector<D> {
                     result: Err(Status::Canceled),
                 }));
         }
-        self.count_held();
+        self.recount_held();
         self.inner.quiesce(scope);
     }
 
