@@ -399,7 +399,9 @@ impl EndpointCold {
             fence_serial: 0,
             covered: 0,
             covering: vec![0; lanes as usize],
-            quiet_parts: Vec::new(),
+            // Reserved here, at connect: a worker flush adds a part without
+            // allocating (more than one at a time grows it once).
+            quiet_parts: Vec::with_capacity(1),
         }
     }
 
