@@ -182,6 +182,43 @@ impl<T: Entry> Consumer<T> {
         }
     }
 
+    /// The entries ready counted from the head in ring memory rather than
+    /// this side's own: for code that took the consumer side over
+    /// ([`as_raw_parts`](Consumer::as_raw_parts)) and publishes the head
+    /// itself. Call it from the thread that publishes the head.
+    ///
+    /// # Errors
+    /// [`Corrupt`] if the indices are inconsistent.
+    pub fn ready_published(&self) -> Result<u32, Corrupt> {
+        // Relaxed: the calling thread published the head itself.
+        let head = self.ring.consumer_line().head.load(Ordering::Relaxed);
+        // Acquire: pairs with the Release store in `Producer::submit`.
+        let tail = self.ring.producer_line().tail.load(Ordering::Acquire);
+        let ready = tail.wrapping_sub(head);
+        if ready > self.capacity() {
+            return Err(Corrupt {
+                head,
+                tail,
+                capacity: self.capacity(),
+            });
+        }
+        Ok(ready)
+    }
+
+    /// Sets `NEED_WAKEUP` without looking at the ring: for a wait for more
+    /// than one entry, whose caller puts the SeqCst fence after it and then
+    /// counts the entries itself (the protocol of
+    /// [`prepare_wait`](Consumer::prepare_wait)). Clear it with
+    /// [`finish_wait`](Consumer::finish_wait).
+    pub fn request_wakeup(&mut self) {
+        // Relaxed: the caller's fence orders it. Only the consumer writes
+        // flags.
+        self.ring
+            .consumer_line()
+            .flags
+            .store(ConsumerLine::NEED_WAKEUP, Ordering::Relaxed);
+    }
+
     /// Clears `NEED_WAKEUP` after a wait.
     pub fn finish_wait(&mut self) {
         // Relaxed: a stale flag costs the producer one spurious wake-up.

@@ -837,6 +837,26 @@ int rf_ring_try_now(const struct rf_ring *ring, const struct rf_sqe *sqe, int32_
 int rf_ring_cq_fd(const struct rf_ring *ring);
 
 /**
+ * Waits until at least `nr` CQEs are ready in `ring`'s CQ, or
+ * `timeout_ns` nanoseconds pass (negative: no limit), as
+ * `io_uring_wait_cqe_nr` with a timeout. Without a core thread it runs the
+ * worker's progress on this thread meanwhile; with one it sleeps on the
+ * CQ's eventfd. It never waits past the deadline by more than one
+ * progress round. CQEs are counted from the head `rf_cq_advance`
+ * published: call it from the thread that reaps the ring, after
+ * advancing past what it consumed. `nr` = 0 returns the count at once.
+ *
+ * Returns the count ready (at least `nr`); `RF_ETIMEOUT` if the deadline
+ * passed first (what arrived stays to be reaped); `RF_EINVALID_ARGUMENT`
+ * if `nr` is more than the CQ holds; `RF_ERING_CORRUPT`; `RF_EIO` if the
+ * eventfd fails; `RF_ESTALE_HANDLE`.
+ *
+ * # Safety
+ * - `ring` is NULL or points to a readable `struct rf_ring`.
+ */
+int rf_wait_cqes(const struct rf_ring *ring, uint32_t nr, int64_t timeout_ns);
+
+/**
  * Arms the CQ's eventfd before sleeping in epoll: asks the engine to
  * signal it when it posts CQEs, then looks at the CQ once more (the same
  * protocol as the Rust `Consumer::prepare_wait`). Call it from the thread

@@ -136,6 +136,43 @@ static void put_and_get_through_loopback(void)
     MUST(rf_worker_destroy(target));
 }
 
+/* rf_wait_cqes: without a core thread it progresses inline, with one it
+   sleeps; a wait with nothing coming returns RF_ETIMEOUT no earlier than
+   its deadline; more than the CQ holds is refused. */
+static void bounded_waits_with_and_without_a_core_thread(void)
+{
+    for (int core = 0; core < 2; core++) {
+        rf_worker_t w = worker(core);
+        struct rf_ring ring;
+        MUST(rf_ring_create(w, 64, 64, &ring));
+        CHECK_RC(rf_wait_cqes(&ring, 0, 0), 0);
+        double start = rft_now();
+        CHECK_RC(rf_wait_cqes(&ring, 1, 20 * 1000 * 1000), RF_ETIMEOUT);
+        CHECK(rft_now() - start >= 0.020);
+        for (int round = 0; round < 200; round++) {
+            unsigned n = 1 + (unsigned)round % 7;
+            for (unsigned i = 0; i < n; i++) {
+                struct rf_sqe *sqe = rft_sqe(&ring);
+                rf_prep_nop(sqe);
+                rf_sqe_set_data(sqe, i);
+            }
+            rf_submit(&ring);
+            int ready = rf_wait_cqes(&ring, n, (int64_t)RFT_HANG_SECONDS * 1000000000);
+            CHECK(ready >= (int)n);
+            struct rf_cqe *cqes[8];
+            int got = rf_peek_batch_cqe(&ring, cqes, n);
+            CHECK(got == (int)n);
+            for (int i = 0; i < got; i++)
+                CHECK(cqes[i]->user_data == (uint64_t)i && cqes[i]->res == 0);
+            rf_cq_advance(&ring, (unsigned)got);
+        }
+        CHECK_RC(rf_wait_cqes(&ring, 65, -1), RF_EINVALID_ARGUMENT);
+        CHECK_RC(rf_wait_cqes(NULL, 1, -1), RF_EINVALID_ARGUMENT);
+        MUST(rf_ring_destroy(&ring));
+        MUST(rf_worker_destroy(w));
+    }
+}
+
 /* A worker flush (quiet) after PUTs on two endpoints completes with 0,
    and the fence state shows it flushed each endpoint once and left
    nothing outstanding: W = C, no dirty lanes, nothing deferred. */
@@ -308,6 +345,7 @@ int main(void)
     RFT_RUN(nops_in_batches_wrap_in_order);
     RFT_RUN(a_full_cq_drops_nothing);
     RFT_RUN(put_and_get_through_loopback);
+    RFT_RUN(bounded_waits_with_and_without_a_core_thread);
     RFT_RUN(a_worker_flush_covers_every_endpoint);
     RFT_RUN(try_now_runs_or_declines);
     RFT_RUN(submit_wakes_a_sleeping_core_thread);

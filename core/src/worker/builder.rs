@@ -128,6 +128,7 @@ impl WorkerBuilder {
                 notify,
                 shut_down: AtomicBool::new(false),
                 core_naps: Default::default(),
+                core_running: AtomicBool::new(false),
             }),
             core: None,
             address,

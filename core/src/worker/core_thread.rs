@@ -103,6 +103,8 @@ impl Worker {
             Ok(Ok(_)) => {
                 tracing::debug!(?cpu, "core thread started");
                 self.core = Some(CoreThread { stop, handle });
+                // Release: see `Shared::core_running`.
+                self.shared.core_running.store(true, Ordering::Release);
                 Ok(())
             }
             Ok(Err(e)) => {
@@ -122,6 +124,10 @@ impl Worker {
     /// Stops the core thread, if one runs; progress is then the caller's.
     pub fn stop_core_thread(&mut self) {
         if let Some(core) = self.core.take() {
+            // Release: see `Shared::core_running`. Cleared first: a wait
+            // that sees it cleared progresses inline, which is safe beside
+            // a core thread still finishing its round.
+            self.shared.core_running.store(false, Ordering::Release);
             // Release: pairs with the Acquire loads in `core_loop` and
             // `CoreNap::wait`; the ring below comes after it, so a core
             // thread that cleared the doorbell before the ring sees the flag.

@@ -26,6 +26,7 @@ mod builder;
 mod core_thread;
 mod memory;
 mod queue_pair;
+mod wait;
 
 use blobs::{decode_address, encode_address, encode_key_parts, key_parts};
 pub use buffer::RegisteredBuf;
@@ -44,6 +45,9 @@ pub(super) struct Shared {
     /// Counts the core thread's sleeps twice: once as it goes to sleep,
     /// once as it wakes; odd while it sleeps.
     core_naps: std::sync::atomic::AtomicU64,
+    /// A core thread runs (set after it started, cleared after it
+    /// stopped): waits sleep instead of progressing inline.
+    core_running: AtomicBool,
 }
 
 impl Shared {
@@ -93,6 +97,13 @@ impl Shared {
     /// This worker's engine, as `HELD` names it.
     fn id(&self) -> usize {
         std::ptr::from_ref(&self.engine) as usize
+    }
+
+    /// Whether a core thread runs.
+    pub(super) fn core_running(&self) -> bool {
+        // Acquire: pairs with the Release stores in `start_core_thread`
+        // and `stop_core_thread`; only a hint for how to wait.
+        self.core_running.load(Ordering::Acquire)
     }
 
     /// Rings the SQ doorbell: wakes the core thread if it sleeps (or ends

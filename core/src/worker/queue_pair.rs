@@ -129,6 +129,37 @@ impl QueuePair {
         self.cq.wait(&self.cq_bell, timeout)
     }
 
+    /// Waits until at least `nr` CQEs are ready to reap, or `timeout`
+    /// passes (`None`: no limit); returns how many are ready (at least
+    /// `nr`; `nr` = 0 returns at once). Without a core thread it runs the
+    /// worker's progress on this thread meanwhile (yielding the CPU between
+    /// empty rounds); with one it sleeps on the CQ doorbell. It never waits
+    /// past the deadline by more than one progress round.
+    /// `io_uring_wait_cqe_nr` with `io_uring_wait_cqe_timeout`'s limit.
+    ///
+    /// # Errors
+    /// `Timeout` if the deadline passed first (the CQEs that did arrive
+    /// stay to be reaped); `InvalidArgument` if `nr` is more than the CQ
+    /// holds; `RingCorrupt`; `Io` if the doorbell fails.
+    pub fn wait_cqes(&mut self, nr: u32, timeout: Option<Duration>) -> Result<u32, Status> {
+        super::wait::wait_cqes(&self.shared, &self.cq_bell, &mut self.cq, nr, timeout)
+    }
+
+    /// [`wait_cqes`](QueuePair::wait_cqes) for code that took the CQ over
+    /// ([`as_raw_cq`](QueuePair::as_raw_cq)): counts from the head it
+    /// published in ring memory. Call it from the thread that reaps.
+    ///
+    /// # Errors
+    /// As `wait_cqes`.
+    pub fn wait_cqes_published(
+        &mut self,
+        nr: u32,
+        timeout: Option<Duration>,
+    ) -> Result<u32, Status> {
+        let mut cq = super::wait::Published(&mut self.cq);
+        super::wait::wait_cqes(&self.shared, &self.cq_bell, &mut cq, nr, timeout)
+    }
+
     /// The CQ's doorbell, an eventfd to put in epoll: readable after the
     /// engine posts CQEs while this queue pair is waiting (call
     /// [`wait_cqe`](QueuePair::wait_cqe), or arm it with

@@ -282,6 +282,38 @@ pub unsafe extern "C" fn rf_ring_cq_fd(ring: *const rf_ring) -> c_int {
     guard(|| unsafe { with_ring(ring, |r| Ok(r.qp().cq_doorbell().as_raw_fd())) })
 }
 
+/// Waits until at least `nr` CQEs are ready in `ring`'s CQ, or
+/// `timeout_ns` nanoseconds pass (negative: no limit), as
+/// `io_uring_wait_cqe_nr` with a timeout. Without a core thread it runs the
+/// worker's progress on this thread meanwhile; with one it sleeps on the
+/// CQ's eventfd. It never waits past the deadline by more than one
+/// progress round. CQEs are counted from the head `rf_cq_advance`
+/// published: call it from the thread that reaps the ring, after
+/// advancing past what it consumed. `nr` = 0 returns the count at once.
+///
+/// Returns the count ready (at least `nr`); `RF_ETIMEOUT` if the deadline
+/// passed first (what arrived stays to be reaped); `RF_EINVALID_ARGUMENT`
+/// if `nr` is more than the CQ holds; `RF_ERING_CORRUPT`; `RF_EIO` if the
+/// eventfd fails; `RF_ESTALE_HANDLE`.
+///
+/// # Safety
+/// - `ring` is NULL or points to a readable `struct rf_ring`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rf_wait_cqes(ring: *const rf_ring, nr: u32, timeout_ns: i64) -> c_int {
+    let timeout = u64::try_from(timeout_ns)
+        .ok()
+        .map(std::time::Duration::from_nanos);
+    guard(|| {
+        // SAFETY: NULL or readable (contract).
+        unsafe {
+            with_ring(ring, |r| {
+                let ready = r.qp().wait_cqes_published(nr, timeout)?;
+                Ok(c_int::try_from(ready).unwrap_or(c_int::MAX))
+            })
+        }
+    })
+}
+
 /// The CQ's shared words, for arming.
 struct CqWords<'a> {
     tail: &'a AtomicU32,
