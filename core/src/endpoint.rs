@@ -118,9 +118,10 @@ pub(crate) struct Endpoint {
     pub inflight: u32,
     /// The driver's handle of this connection.
     pub driver_ep: u32,
-    /// The sticky first error as its raw value (statuses fit in an `i8`),
-    /// valid when `state` is `Failed`; see [`Endpoint::error`].
-    error: i8,
+    /// The sticky first error as its raw value (statuses fit in an `i16`:
+    /// errnos and library codes from -4097 down), valid when `state` is
+    /// `Failed`; see [`Endpoint::error`].
+    error: i16,
     /// Index of the driver in the worker.
     pub driver: u8,
     /// Lane count, `1..=64`.
@@ -131,8 +132,6 @@ pub(crate) struct Endpoint {
     /// [`SCHEDULED`], [`STRONG_ARMED`], [`CONNECTING`], [`MIXED`],
     /// [`QUIET`].
     pub flags: u8,
-    /// Not used: the line's last spare byte.
-    _spare: u8,
     /// The one lane a weak fence admitted `weak_epoch` on (R8), with
     /// [`WEAK_FLAG_OWED`] set until the first operation after the fence
     /// carried the transport fence flag; [`NO_LANE`] when none.
@@ -180,13 +179,12 @@ impl Endpoint {
             tail: NONE,
             inflight: 0,
             driver_ep,
-            error: Status::EndpointFailed.as_raw() as i8,
+            error: Status::EndpointFailed.as_raw() as i16,
             driver,
             lanes,
             next_bw: 0,
             state: EpState::Connected,
             flags: 0,
-            _spare: 0,
             weak_lane: NO_LANE,
         }
     }
@@ -254,8 +252,9 @@ impl Endpoint {
 
     /// Records the sticky first error.
     pub(crate) fn set_error(&mut self, status: Status) {
-        // Every status value is in -1..=-128.
-        self.error = i8::try_from(status.as_raw()).unwrap_or(Status::EndpointFailed.as_raw() as i8);
+        // Every status value fits (the test below checks them all).
+        self.error =
+            i16::try_from(status.as_raw()).unwrap_or(Status::EndpointFailed.as_raw() as i16);
     }
 
     /// The atomic lane: the last lane (lane 0 when there is one).

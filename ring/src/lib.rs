@@ -123,7 +123,7 @@ pub use raw::channel;
 pub use region::{AppSide, EngineSide, Region, RegionBuilder, RegionError};
 pub use sleep::{Sleeper, WakeFlag, sleep};
 pub use sqe::{LocalBuf, RemoteBuf, Sqe};
-pub use status::{Status, UnknownStatus, strerror};
+pub use status::{LIBRARY_BASE, Status, UnknownStatus, strerror};
 pub use value::{
     AtomicOp, CloseMode, CqeFlags, FenceMode, Field, FlushScope, Opcode, SqeFlags, UnknownValue,
 };

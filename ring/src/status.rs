@@ -1,11 +1,18 @@
 //! Completion status codes: the `res` of a [`Cqe`](crate::Cqe) when it is
 //! negative, and the return value of every C function.
 //!
-//! The values are ABI: stable, negative, and never reused. New codes are only
-//! ever appended. A `res` that is zero or positive is a success (for data
-//! operations, the number of bytes moved).
+//! The values are ABI: negative, and never reused. A status that has an
+//! errno counterpart is that errno, negated (`Status::InvalidArgument` is
+//! `-EINVAL`, `Status::Again` is `-EAGAIN`), so `strerror(-res)` works as
+//! liburing's users expect; the library's own codes lie outside the errno
+//! range, at [`LIBRARY_BASE`] and below. A `res` that is zero or positive is
+//! a success (for data operations, the number of bytes moved).
 
 use core::fmt;
+
+/// The library's own status codes are this value and below: outside the
+/// range of errno values (Linux's are 1 to 4095, `MAX_ERRNO`).
+pub const LIBRARY_BASE: i32 = -4096;
 
 /// Why an operation or a call failed.
 ///
@@ -17,61 +24,64 @@ use core::fmt;
 #[repr(i32)]
 pub enum Status {
     /// The operation was canceled before it ran (worker or endpoint shut down).
-    Canceled = -1,
+    Canceled = -125,
     /// The SQE's opcode is not one this version knows.
-    InvalidOpcode = -2,
+    InvalidOpcode = -4097,
     /// The SQE sets a flag this version does not know, or a reserved field is
     /// not zero.
-    InvalidFlags = -3,
+    InvalidFlags = -4098,
     /// The SQE names an endpoint that does not exist.
-    InvalidEndpoint = -4,
+    InvalidEndpoint = -4099,
     /// The SQE names a local memory handle that is not registered.
-    InvalidMemHandle = -5,
+    InvalidMemHandle = -4100,
     /// The SQE names a remote key id that was never unpacked.
-    InvalidRkey = -6,
+    InvalidRkey = -4101,
     /// The local or remote range lies outside its registered region.
-    OutOfBounds = -7,
+    OutOfBounds = -14,
     /// An atomic's address is not aligned to its 8-byte word.
-    Misaligned = -8,
+    Misaligned = -4102,
     /// The length is zero where data is required, or larger than allowed.
-    InvalidLength = -9,
+    InvalidLength = -4103,
     /// The target refused the access: wrong key secret or missing permission.
-    AccessDenied = -10,
+    AccessDenied = -13,
     /// The endpoint failed earlier; this operation was not executed.
-    EndpointFailed = -11,
+    EndpointFailed = -4104,
     /// The endpoint was closed; this operation was not executed.
-    EndpointClosed = -12,
+    EndpointClosed = -107,
     /// A resource ran out (request pool, transport queue); try again later.
-    NoResource = -13,
+    NoResource = -105,
     /// The transport reported an error.
-    Transport = -14,
+    Transport = -70,
     /// The operation did not complete in time.
-    Timeout = -15,
+    Timeout = -62,
     /// The driver or the build does not support this operation.
-    Unsupported = -16,
+    Unsupported = -95,
     /// A ring's shared indices or header are inconsistent (corrupt memory).
-    RingCorrupt = -17,
+    RingCorrupt = -4105,
     /// The peer process or host is gone.
-    PeerUnreachable = -18,
+    PeerUnreachable = -113,
     /// An argument is invalid (a NULL pointer, an out-of-range value).
-    InvalidArgument = -19,
+    InvalidArgument = -22,
     /// A handle refers to an object that was destroyed.
-    StaleHandle = -20,
+    StaleHandle = -116,
     /// Memory could not be allocated or mapped.
-    NoMemory = -21,
+    NoMemory = -12,
     /// The object is in use (e.g. memory with operations in flight).
-    Busy = -22,
+    Busy = -16,
     /// A notification payload did not fit the buffer the target provided.
-    Truncated = -23,
+    Truncated = -90,
     /// The atomic sub-operation or fence mode is not one this version knows.
-    InvalidSubop = -24,
+    InvalidSubop = -4106,
     /// An I/O error from the operating system.
-    Io = -25,
+    Io = -5,
+    /// Nothing there yet (an empty CQ): try again later. Not an error of
+    /// any operation; `NoResource` is running out of something.
+    Again = -11,
 }
 
 impl Status {
-    /// Every status, in value order; handy for tables and tests.
-    pub const ALL: [Status; 25] = [
+    /// Every status, in declaration order; handy for tables and tests.
+    pub const ALL: [Status; 26] = [
         Status::Canceled,
         Status::InvalidOpcode,
         Status::InvalidFlags,
@@ -97,9 +107,12 @@ impl Status {
         Status::Truncated,
         Status::InvalidSubop,
         Status::Io,
+        Status::Again,
     ];
 
-    /// The stable negative value, as stored in `Cqe::res`.
+    /// The negative value, as stored in `Cqe::res`: the negative errno
+    /// the status corresponds to where one exists (`strerror(-res)` then
+    /// names it), else a library code at or below [`LIBRARY_BASE`].
     #[inline]
     pub const fn as_raw(self) -> i32 {
         self as i32
@@ -133,6 +146,7 @@ impl Status {
             Status::Truncated => "payload truncated",
             Status::InvalidSubop => "unknown atomic operation or fence mode",
             Status::Io => "I/O error",
+            Status::Again => "nothing ready yet, try again",
         }
     }
 }
@@ -153,15 +167,11 @@ impl TryFrom<i32> for Status {
     type Error = UnknownStatus;
 
     fn try_from(raw: i32) -> Result<Self, Self::Error> {
-        // Values are dense from -1 downwards, so the table index is `-raw - 1`.
-        let index = raw
-            .checked_neg()
-            .and_then(|n| usize::try_from(n).ok())
-            .and_then(|n| n.checked_sub(1));
-        match index.and_then(|i| Status::ALL.get(i)) {
-            Some(&status) => Ok(status),
-            None => Err(UnknownStatus(raw)),
-        }
+        Status::ALL
+            .iter()
+            .copied()
+            .find(|s| s.as_raw() == raw)
+            .ok_or(UnknownStatus(raw))
     }
 }
 
@@ -198,20 +208,46 @@ mod tests {
     use super::*;
 
     #[test]
-    fn values_are_dense_stable_and_round_trip() {
-        for (i, status) in Status::ALL.iter().enumerate() {
-            assert_eq!(status.as_raw(), -(i as i32) - 1, "{status:?} moved");
-            assert_eq!(Status::try_from(status.as_raw()), Ok(*status));
+    fn values_are_errnos_or_library_codes_and_round_trip() {
+        let mut seen = std::collections::HashSet::new();
+        for status in Status::ALL {
+            let raw = status.as_raw();
+            assert!(seen.insert(raw), "{status:?} reuses {raw}");
+            assert!(
+                raw < 0 && (raw > -4096 || raw <= LIBRARY_BASE),
+                "{status:?}"
+            );
+            assert_eq!(Status::try_from(raw), Ok(status));
         }
-        // Pin a few by value: these are ABI.
-        assert_eq!(Status::Canceled.as_raw(), -1);
-        assert_eq!(Status::RingCorrupt.as_raw(), -17);
-        assert_eq!(Status::Io.as_raw(), -25);
+        // Pin the errno ones by value: these are ABI.
+        let errnos = [
+            (Status::Canceled, 125),
+            (Status::OutOfBounds, 14),
+            (Status::AccessDenied, 13),
+            (Status::EndpointClosed, 107),
+            (Status::NoResource, 105),
+            (Status::Transport, 70),
+            (Status::Timeout, 62),
+            (Status::Unsupported, 95),
+            (Status::PeerUnreachable, 113),
+            (Status::InvalidArgument, 22),
+            (Status::StaleHandle, 116),
+            (Status::NoMemory, 12),
+            (Status::Busy, 16),
+            (Status::Truncated, 90),
+            (Status::Io, 5),
+            (Status::Again, 11),
+        ];
+        for (status, errno) in errnos {
+            assert_eq!(status.as_raw(), -errno, "{status:?}");
+        }
+        assert_eq!(Status::InvalidOpcode.as_raw(), LIBRARY_BASE - 1);
+        assert_eq!(Status::InvalidSubop.as_raw(), LIBRARY_BASE - 10);
     }
 
     #[test]
     fn unknown_values_are_refused() {
-        for raw in [0, 1, -26, -1000, i32::MIN, i32::MAX] {
+        for raw in [0, 1, -26, -1000, -4096, -4200, i32::MIN, i32::MAX] {
             assert_eq!(Status::try_from(raw), Err(UnknownStatus(raw)));
         }
     }

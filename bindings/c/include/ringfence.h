@@ -196,130 +196,141 @@
 #define RF_EP_CLOSED 4
 
 /**
+ * The library's own status codes are this value and below, outside the
+ * errno range.
+ */
+#define RF_ELIBRARY_BASE -4096
+
+/**
  * The operation was canceled before it ran.
  */
-#define RF_ECANCELED -1
+#define RF_ECANCELED -125
 
 /**
  * The SQE's opcode is unknown.
  */
-#define RF_EINVALID_OPCODE -2
+#define RF_EINVALID_OPCODE -4097
 
 /**
  * An unknown SQE flag, or a reserved field is not zero.
  */
-#define RF_EINVALID_FLAGS -3
+#define RF_EINVALID_FLAGS -4098
 
 /**
  * No such endpoint.
  */
-#define RF_EINVALID_ENDPOINT -4
+#define RF_EINVALID_ENDPOINT -4099
 
 /**
  * No such local memory handle (never registered, or deregistered).
  */
-#define RF_EINVALID_MEM_HANDLE -5
+#define RF_EINVALID_MEM_HANDLE -4100
 
 /**
  * No such remote key id.
  */
-#define RF_EINVALID_RKEY -6
+#define RF_EINVALID_RKEY -4101
 
 /**
  * The range lies outside its registered region.
  */
-#define RF_EOUT_OF_BOUNDS -7
+#define RF_EOUT_OF_BOUNDS -14
 
 /**
  * An atomic's address is not 8-byte aligned.
  */
-#define RF_EMISALIGNED -8
+#define RF_EMISALIGNED -4102
 
 /**
  * A zero length where data is required, or a length over the limit.
  */
-#define RF_EINVALID_LENGTH -9
+#define RF_EINVALID_LENGTH -4103
 
 /**
  * The target refused the access.
  */
-#define RF_EACCESS_DENIED -10
+#define RF_EACCESS_DENIED -13
 
 /**
  * The endpoint failed earlier.
  */
-#define RF_EENDPOINT_FAILED -11
+#define RF_EENDPOINT_FAILED -4104
 
 /**
  * The endpoint was closed.
  */
-#define RF_EENDPOINT_CLOSED -12
+#define RF_EENDPOINT_CLOSED -107
 
 /**
  * Out of resources (a full SQ, the request pool): try again later.
  */
-#define RF_ENO_RESOURCE -13
+#define RF_ENO_RESOURCE -105
 
 /**
  * The transport reported an error.
  */
-#define RF_ETRANSPORT -14
+#define RF_ETRANSPORT -70
 
 /**
  * Timed out.
  */
-#define RF_ETIMEOUT -15
+#define RF_ETIMEOUT -62
 
 /**
  * Not supported by the driver or this build.
  */
-#define RF_EUNSUPPORTED -16
+#define RF_EUNSUPPORTED -95
 
 /**
  * Ring indices are inconsistent (corrupt ring memory).
  */
-#define RF_ERING_CORRUPT -17
+#define RF_ERING_CORRUPT -4105
 
 /**
  * The peer is gone.
  */
-#define RF_EPEER_UNREACHABLE -18
+#define RF_EPEER_UNREACHABLE -113
 
 /**
  * An invalid argument: a NULL pointer, a bad value, a handle of the
  * wrong kind.
  */
-#define RF_EINVALID_ARGUMENT -19
+#define RF_EINVALID_ARGUMENT -22
 
 /**
  * The handle's object was destroyed.
  */
-#define RF_ESTALE_HANDLE -20
+#define RF_ESTALE_HANDLE -116
 
 /**
  * Out of memory.
  */
-#define RF_ENO_MEMORY -21
+#define RF_ENO_MEMORY -12
 
 /**
  * The object is in use.
  */
-#define RF_EBUSY -22
+#define RF_EBUSY -16
 
 /**
  * The output buffer is too small, or a payload did not fit.
  */
-#define RF_ETRUNCATED -23
+#define RF_ETRUNCATED -90
 
 /**
  * Unknown atomic operation, fence mode or close mode.
  */
-#define RF_EINVALID_SUBOP -24
+#define RF_EINVALID_SUBOP -4106
 
 /**
  * An operating system error, or an internal error of the library.
  */
-#define RF_EIO -25
+#define RF_EIO -5
+
+/**
+ * Nothing ready yet (an empty CQ): try again later.
+ */
+#define RF_EAGAIN -11
 
 /**
  * The longest address or key blob a function reads (real ones are tens of
@@ -1324,11 +1335,13 @@ static inline int rf_submit(struct rf_ring *ring)
     return (int)n;
 }
 
-/* Closes endpoint `ep` (RF_CLOSE_GRACEFUL or RF_CLOSE_FORCE) through the
-   ring: a CLOSE SQE, submitted; its CQE carries `user_data`. Returns 0,
-   RF_ENO_RESOURCE if the SQ is full, or rf_submit's error. */
-static inline int rf_ep_close(struct rf_ring *ring, uint32_t ep, uint8_t mode,
-                              uint64_t user_data)
+/* Prepares a CLOSE of endpoint `ep` (RF_CLOSE_GRACEFUL or RF_CLOSE_FORCE)
+   and SUBMITS: like rf_submit, it publishes every SQE prepared before it
+   too. Its CQE carries `user_data`. To close without submitting, use
+   rf_get_sqe + rf_prep_close and rf_submit when ready, as for any SQE.
+   Returns 0, RF_ENO_RESOURCE if the SQ is full, or rf_submit's error. */
+static inline int rf_submit_close(struct rf_ring *ring, uint32_t ep, uint8_t mode,
+                                  uint64_t user_data)
 {
     struct rf_sqe *sqe = rf_get_sqe(ring);
     if (sqe == NULL)
@@ -1361,7 +1374,7 @@ static inline int _rf_cq_available(struct rf_ring *ring, uint32_t want)
 
 /*
  * The oldest CQE, left in the ring (Consumer::peek): 0 with `*cqe` pointing
- * into the CQ, RF_ENO_RESOURCE if the CQ is empty (try again later), or
+ * into the CQ, RF_EAGAIN (-EAGAIN) if the CQ is empty (try again later), or
  * RF_ERING_CORRUPT. Read it, then free its slot with rf_cqe_seen.
  */
 static inline int rf_peek_cqe(struct rf_ring *ring, struct rf_cqe **cqe)
@@ -1369,7 +1382,7 @@ static inline int rf_peek_cqe(struct rf_ring *ring, struct rf_cqe **cqe)
     int ready = _rf_cq_available(ring, 1);
     if (ready <= 0) {
         *cqe = NULL;
-        return ready < 0 ? ready : RF_ENO_RESOURCE;
+        return ready < 0 ? ready : RF_EAGAIN;
     }
     *cqe = &ring->cqes[ring->cq_local_head & ring->cq_mask];
     return 0;

@@ -343,69 +343,78 @@ const_assert_eq!(RF_SQ_NEED_WAKEUP, ConsumerLine::NEED_WAKEUP);
 const_assert_eq!(RF_CQ_NEED_WAKEUP, ConsumerLine::NEED_WAKEUP);
 const_assert_eq!(RF_CQ_OVERFLOW, ProducerLine::OVERFLOW);
 
-// Statuses: the values of the Rust `Status` (asserted below, by name).
+// Statuses: the values of the Rust `Status` (asserted below, by name):
+// the negative errno where one corresponds (so `strerror(-status)` names
+// it), else a library code at `RF_ELIBRARY_BASE` or below.
+/// The library's own status codes are this value and below, outside the
+/// errno range.
+pub const RF_ELIBRARY_BASE: i32 = -4096;
 /// The operation was canceled before it ran.
-pub const RF_ECANCELED: i32 = -1;
+pub const RF_ECANCELED: i32 = -125; // -ECANCELED
 /// The SQE's opcode is unknown.
-pub const RF_EINVALID_OPCODE: i32 = -2;
+pub const RF_EINVALID_OPCODE: i32 = -4097; // library
 /// An unknown SQE flag, or a reserved field is not zero.
-pub const RF_EINVALID_FLAGS: i32 = -3;
+pub const RF_EINVALID_FLAGS: i32 = -4098; // library
 /// No such endpoint.
-pub const RF_EINVALID_ENDPOINT: i32 = -4;
+pub const RF_EINVALID_ENDPOINT: i32 = -4099; // library
 /// No such local memory handle (never registered, or deregistered).
-pub const RF_EINVALID_MEM_HANDLE: i32 = -5;
+pub const RF_EINVALID_MEM_HANDLE: i32 = -4100; // library
 /// No such remote key id.
-pub const RF_EINVALID_RKEY: i32 = -6;
+pub const RF_EINVALID_RKEY: i32 = -4101; // library
 /// The range lies outside its registered region.
-pub const RF_EOUT_OF_BOUNDS: i32 = -7;
+pub const RF_EOUT_OF_BOUNDS: i32 = -14; // -EFAULT
 /// An atomic's address is not 8-byte aligned.
-pub const RF_EMISALIGNED: i32 = -8;
+pub const RF_EMISALIGNED: i32 = -4102; // library
 /// A zero length where data is required, or a length over the limit.
-pub const RF_EINVALID_LENGTH: i32 = -9;
+pub const RF_EINVALID_LENGTH: i32 = -4103; // library
 /// The target refused the access.
-pub const RF_EACCESS_DENIED: i32 = -10;
+pub const RF_EACCESS_DENIED: i32 = -13; // -EACCES
 /// The endpoint failed earlier.
-pub const RF_EENDPOINT_FAILED: i32 = -11;
+pub const RF_EENDPOINT_FAILED: i32 = -4104; // library
 /// The endpoint was closed.
-pub const RF_EENDPOINT_CLOSED: i32 = -12;
+pub const RF_EENDPOINT_CLOSED: i32 = -107; // -ENOTCONN
 /// Out of resources (a full SQ, the request pool): try again later.
-pub const RF_ENO_RESOURCE: i32 = -13;
+pub const RF_ENO_RESOURCE: i32 = -105; // -ENOBUFS
 /// The transport reported an error.
-pub const RF_ETRANSPORT: i32 = -14;
+pub const RF_ETRANSPORT: i32 = -70; // -ECOMM
 /// Timed out.
-pub const RF_ETIMEOUT: i32 = -15;
+pub const RF_ETIMEOUT: i32 = -62; // -ETIME
 /// Not supported by the driver or this build.
-pub const RF_EUNSUPPORTED: i32 = -16;
+pub const RF_EUNSUPPORTED: i32 = -95; // -EOPNOTSUPP
 /// Ring indices are inconsistent (corrupt ring memory).
-pub const RF_ERING_CORRUPT: i32 = -17;
+pub const RF_ERING_CORRUPT: i32 = -4105; // library
 /// The peer is gone.
-pub const RF_EPEER_UNREACHABLE: i32 = -18;
+pub const RF_EPEER_UNREACHABLE: i32 = -113; // -EHOSTUNREACH
 /// An invalid argument: a NULL pointer, a bad value, a handle of the
 /// wrong kind.
-pub const RF_EINVALID_ARGUMENT: i32 = -19;
+pub const RF_EINVALID_ARGUMENT: i32 = -22; // -EINVAL
 /// The handle's object was destroyed.
-pub const RF_ESTALE_HANDLE: i32 = -20;
+pub const RF_ESTALE_HANDLE: i32 = -116; // -ESTALE
 /// Out of memory.
-pub const RF_ENO_MEMORY: i32 = -21;
+pub const RF_ENO_MEMORY: i32 = -12; // -ENOMEM
 /// The object is in use.
-pub const RF_EBUSY: i32 = -22;
+pub const RF_EBUSY: i32 = -16; // -EBUSY
 /// The output buffer is too small, or a payload did not fit.
-pub const RF_ETRUNCATED: i32 = -23;
+pub const RF_ETRUNCATED: i32 = -90; // -EMSGSIZE
 /// Unknown atomic operation, fence mode or close mode.
-pub const RF_EINVALID_SUBOP: i32 = -24;
+pub const RF_EINVALID_SUBOP: i32 = -4106; // library
 /// An operating system error, or an internal error of the library.
-pub const RF_EIO: i32 = -25;
+pub const RF_EIO: i32 = -5; // -EIO
+/// Nothing ready yet (an empty CQ): try again later.
+pub const RF_EAGAIN: i32 = -11; // -EAGAIN
 
 /// Asserts each `RF_E*` constant equals the `Status` it is named after, and
 /// lists them for the tests.
 macro_rules! same_statuses {
     ($( $name:ident => $status:ident, )+) => {
         $( const_assert_eq!($name, Status::$status.as_raw()); )+
-        /// Every `RF_E*` name with its value, in value order.
+        /// Every `RF_E*` name with its value, in `Status::ALL`'s order.
         #[cfg(test)]
         pub(crate) const STATUS_NAMES: &[(&str, i32)] = &[$( (stringify!($name), $name) ),+];
     };
 }
+
+const_assert_eq!(RF_ELIBRARY_BASE, ringfence_ring::LIBRARY_BASE);
 
 same_statuses! {
     RF_ECANCELED => Canceled,
@@ -433,6 +442,7 @@ same_statuses! {
     RF_ETRUNCATED => Truncated,
     RF_EINVALID_SUBOP => InvalidSubop,
     RF_EIO => Io,
+    RF_EAGAIN => Again,
 }
 
 #[cfg(test)]

@@ -261,11 +261,13 @@ static inline int rf_submit(struct rf_ring *ring)
     return (int)n;
 }
 
-/* Closes endpoint `ep` (RF_CLOSE_GRACEFUL or RF_CLOSE_FORCE) through the
-   ring: a CLOSE SQE, submitted; its CQE carries `user_data`. Returns 0,
-   RF_ENO_RESOURCE if the SQ is full, or rf_submit's error. */
-static inline int rf_ep_close(struct rf_ring *ring, uint32_t ep, uint8_t mode,
-                              uint64_t user_data)
+/* Prepares a CLOSE of endpoint `ep` (RF_CLOSE_GRACEFUL or RF_CLOSE_FORCE)
+   and SUBMITS: like rf_submit, it publishes every SQE prepared before it
+   too. Its CQE carries `user_data`. To close without submitting, use
+   rf_get_sqe + rf_prep_close and rf_submit when ready, as for any SQE.
+   Returns 0, RF_ENO_RESOURCE if the SQ is full, or rf_submit's error. */
+static inline int rf_submit_close(struct rf_ring *ring, uint32_t ep, uint8_t mode,
+                                  uint64_t user_data)
 {
     struct rf_sqe *sqe = rf_get_sqe(ring);
     if (sqe == NULL)
@@ -298,7 +300,7 @@ static inline int _rf_cq_available(struct rf_ring *ring, uint32_t want)
 
 /*
  * The oldest CQE, left in the ring (Consumer::peek): 0 with `*cqe` pointing
- * into the CQ, RF_ENO_RESOURCE if the CQ is empty (try again later), or
+ * into the CQ, RF_EAGAIN (-EAGAIN) if the CQ is empty (try again later), or
  * RF_ERING_CORRUPT. Read it, then free its slot with rf_cqe_seen.
  */
 static inline int rf_peek_cqe(struct rf_ring *ring, struct rf_cqe **cqe)
@@ -306,7 +308,7 @@ static inline int rf_peek_cqe(struct rf_ring *ring, struct rf_cqe **cqe)
     int ready = _rf_cq_available(ring, 1);
     if (ready <= 0) {
         *cqe = NULL;
-        return ready < 0 ? ready : RF_ENO_RESOURCE;
+        return ready < 0 ? ready : RF_EAGAIN;
     }
     *cqe = &ring->cqes[ring->cq_local_head & ring->cq_mask];
     return 0;

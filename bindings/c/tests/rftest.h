@@ -85,7 +85,7 @@ static struct rf_cqe rft_one_cqe(rf_worker_t worker, struct rf_ring *ring)
             rf_cqe_seen(ring, cqe);
             return copy;
         }
-        if (rc != RF_ENO_RESOURCE || rft_now() > deadline) {
+        if (rc != RF_EAGAIN || rft_now() > deadline) {
             fprintf(stderr, "no completion: %d (%s)\n", rc, rf_strerror(rc));
             exit(1);
         }

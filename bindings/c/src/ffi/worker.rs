@@ -484,8 +484,8 @@ pub extern "C" fn rf_strerror(status: c_int) -> *const c_char {
     static MESSAGES: OnceLock<Vec<CString>> = OnceLock::new();
     let message = catch_unwind(|| {
         let messages = MESSAGES.get_or_init(|| {
-            // Index 0: "success"; 1..=N: the statuses (dense from -1 down);
-            // N + 1: unknown.
+            // Index 0: "success"; 1..=N: the statuses in `Status::ALL`'s
+            // order; N + 1: unknown.
             let mut all = vec!["success"];
             all.extend(Status::ALL.iter().map(|s| s.message()));
             all.push(ringfence_ring::strerror(i32::MIN));
@@ -494,10 +494,13 @@ pub extern "C" fn rf_strerror(status: c_int) -> *const c_char {
                 .collect()
         });
         let unknown = messages.len() - 1;
-        let index = match Status::try_from(status) {
-            _ if status >= 0 => 0,
-            Ok(s) => usize::try_from(-s.as_raw()).unwrap_or(unknown),
-            Err(_) => unknown,
+        let index = if status >= 0 {
+            0
+        } else {
+            Status::ALL
+                .iter()
+                .position(|s| s.as_raw() == status)
+                .map_or(unknown, |i| i + 1)
         };
         messages[index.min(unknown)].as_ptr()
     });
