@@ -58,6 +58,13 @@ impl RkeyId {
     pub const fn as_raw(self) -> u32 {
         self.0
     }
+
+    /// The id an SQE carried (`Sqe::rkey`), for code that holds ids as
+    /// integers (the C ABI). Nothing is checked here: the worker checks
+    /// every id it is given.
+    pub const fn from_raw(raw: u32) -> RkeyId {
+        RkeyId(raw)
+    }
 }
 
 /// One registration.

@@ -71,6 +71,16 @@ impl Pair {
         let rkey = initiator
             .unpack_rkey(ep, &target.pack_rkey(window.handle()).unwrap())
             .unwrap();
+        // The key tells the address PUTs name and the window's length.
+        assert_eq!(
+            initiator.rkey_bounds(ep, rkey).unwrap(),
+            (window.addr(), window.len() as u64)
+        );
+        let bogus = ringfence::RkeyId::from_raw(rkey.as_raw() + 1000);
+        assert_eq!(
+            initiator.rkey_bounds(ep, bogus).unwrap_err().status(),
+            ringfence_ring::Status::InvalidRkey
+        );
         Pair {
             target,
             initiator,

@@ -753,12 +753,28 @@ int rf_mem_free(rf_worker_t worker, uint32_t mem);
 int rf_rkey_pack(rf_worker_t worker, uint32_t mem, void *buf, size_t cap, size_t *len);
 
 /**
+ * The remote region that remote key `rkey` (from `rf_rkey_unpack` on
+ * endpoint `ep`) reaches: stores its base in `*base`, the target's own
+ * virtual address of the window, which is the address PUTs and GETs
+ * name, and its length in bytes in `*len`.
+ *
+ * Returns 0; `RF_EINVALID_RKEY` if `rkey` was not unpacked for `ep`;
+ * `RF_EINVALID_ENDPOINT`; `RF_EINVALID_ARGUMENT` for NULL pointers;
+ * `RF_ESTALE_HANDLE`.
+ *
+ * # Safety
+ * - `base` and `len` are NULL or point to writable `uint64_t`s.
+ */
+int rf_rkey_bounds(rf_worker_t worker, uint32_t ep, uint32_t rkey, uint64_t *base, uint64_t *len);
+
+/**
  * Turns a peer's key blob (the `len` bytes at `blob`, from its
  * `rf_rkey_pack`) into a remote key id for SQEs on endpoint `ep`
  * (`rkey`); stores it in `*rkey`.
  *
  * Returns 0; `RF_EINVALID_ARGUMENT` for NULL pointers or a malformed blob;
- * `RF_EINVALID_LENGTH` for a zero `len` or one over `RF_MAX_BLOB`;
+ * `RF_EINVALID_RKEY` if the endpoint's driver refuses the key (its part
+ * is malformed or names no region it can reach); `RF_EINVALID_LENGTH` for a zero `len` or one over `RF_MAX_BLOB`;
  * `RF_EINVALID_ENDPOINT`; the target's refusal (`RF_EACCESS_DENIED` for a
  * wrong secret); `RF_ESTALE_HANDLE`.
  *
@@ -766,7 +782,11 @@ int rf_rkey_pack(rf_worker_t worker, uint32_t mem, void *buf, size_t cap, size_t
  * - `blob` is NULL or points to `len` readable bytes.
  * - `rkey` is NULL or points to a writable `uint32_t`.
  */
-int rf_rkey_unpack(rf_worker_t worker, uint32_t ep, const void *blob, size_t len, uint32_t *rkey);
+int rf_rkey_unpack(rf_worker_t worker,
+                   uint32_t ep,
+                   const void *blob,
+                   size_t len,
+                   uint32_t *rkey);
 
 /**
  * Creates a ring (one SQ of `sq_entries` and one CQ of `cq_entries`; 0

@@ -115,6 +115,14 @@ static void put_and_get_through_loopback(void)
     rf_worker_t target = l.target, w = l.w;
     uint32_t ep = l.ep, mem = l.mem, rkey = l.rkey;
     uint8_t *window = l.window;
+    /* The key tells the address PUTs name (the target's own address of
+       its window) and the window's length. */
+    uint64_t base = 0, len = 0;
+    MUST(rf_rkey_bounds(w, ep, rkey, &base, &len));
+    CHECK(base == (uint64_t)(uintptr_t)window && len == 4096);
+    CHECK_RC(rf_rkey_bounds(w, ep, rkey + 1000, &base, &len), RF_EINVALID_RKEY);
+    CHECK_RC(rf_rkey_bounds(w, 999, rkey, &base, &len), RF_EINVALID_ENDPOINT);
+    CHECK_RC(rf_rkey_bounds(w, ep, rkey, NULL, &len), RF_EINVALID_ARGUMENT);
     struct rf_ring ring;
     MUST(rf_ring_create(w, 0, 0, &ring));
     for (int i = 0; i < 4096; i++)

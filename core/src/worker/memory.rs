@@ -221,6 +221,25 @@ impl Worker {
         Ok(encode_key_parts(&parts))
     }
 
+    /// The remote region remote key `rkey` (unpacked for endpoint `ep`)
+    /// reaches: its base, the target's own virtual address of the window
+    /// (the address a PUT or GET names, `RemoteBuf::addr`), and its length
+    /// in bytes.
+    ///
+    /// # Errors
+    /// `InvalidRkey` if `rkey` was not unpacked for `ep` on this worker.
+    pub fn rkey_bounds(&self, ep: EndpointId, rkey: RkeyId) -> Result<(u64, u64), Error> {
+        self.shared
+            .engine()
+            .rkeys
+            .get(rkey.as_raw(), ep.0)
+            .map(|k| (k.base, k.len))
+            .ok_or(Error::Status {
+                op: "rkey_bounds",
+                status: Status::InvalidRkey,
+            })
+    }
+
     /// Turns a peer's key blob into an id for SQEs on `ep`: each of the
     /// endpoint's drivers unpacks its part (an endpoint with lanes on
     /// several drivers uses the lanes of those that had one).

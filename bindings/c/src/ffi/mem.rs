@@ -171,12 +171,49 @@ pub unsafe extern "C" fn rf_rkey_pack(
     })
 }
 
+/// The remote region that remote key `rkey` (from `rf_rkey_unpack` on
+/// endpoint `ep`) reaches: stores its base in `*base`, the target's own
+/// virtual address of the window, which is the address PUTs and GETs
+/// name, and its length in bytes in `*len`.
+///
+/// Returns 0; `RF_EINVALID_RKEY` if `rkey` was not unpacked for `ep`;
+/// `RF_EINVALID_ENDPOINT`; `RF_EINVALID_ARGUMENT` for NULL pointers;
+/// `RF_ESTALE_HANDLE`.
+///
+/// # Safety
+/// - `base` and `len` are NULL or point to writable `uint64_t`s.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rf_rkey_bounds(
+    worker: rf_worker_t,
+    ep: u32,
+    rkey: u32,
+    base: *mut u64,
+    len: *mut u64,
+) -> c_int {
+    guard(|| {
+        let (out_base, out_len) = (check_out(base)?, check_out(len)?);
+        let (b, l) = with_worker(worker, |w| {
+            let ep = *w.ids().endpoints.get(&ep).ok_or(Status::InvalidEndpoint)?;
+            w.worker
+                .rkey_bounds(ep, ringfence::RkeyId::from_raw(rkey))
+                .map_err(|e| e.status())
+        })?;
+        // SAFETY: checked; writable (contract).
+        unsafe {
+            store(out_base, b);
+            store(out_len, l);
+        }
+        Ok(0)
+    })
+}
+
 /// Turns a peer's key blob (the `len` bytes at `blob`, from its
 /// `rf_rkey_pack`) into a remote key id for SQEs on endpoint `ep`
 /// (`rkey`); stores it in `*rkey`.
 ///
 /// Returns 0; `RF_EINVALID_ARGUMENT` for NULL pointers or a malformed blob;
-/// `RF_EINVALID_LENGTH` for a zero `len` or one over `RF_MAX_BLOB`;
+/// `RF_EINVALID_RKEY` if the endpoint's driver refuses the key (its part
+/// is malformed or names no region it can reach); `RF_EINVALID_LENGTH` for a zero `len` or one over `RF_MAX_BLOB`;
 /// `RF_EINVALID_ENDPOINT`; the target's refusal (`RF_EACCESS_DENIED` for a
 /// wrong secret); `RF_ESTALE_HANDLE`.
 ///
