@@ -31,6 +31,12 @@
 #define RF_VERSION 256
 
 /**
+ * The most lanes an endpoint has (`RINGFENCE_LANES`, `config.lanes`, the
+ * connect calls): one limit, checked in one place.
+ */
+#define RF_MAX_LANES 64
+
+/**
  * Opcode: does nothing; completes with `res = 0`.
  */
 #define RF_OP_NOP 0
@@ -568,7 +574,8 @@ struct rf_worker_config {
    */
   uint32_t requests;
   /**
-   * Lanes per endpoint (1 to 64, capped by the driver).
+   * Lanes per endpoint: 1 to `RF_MAX_LANES` (0: the default), capped
+   * by the driver.
    */
   uint32_t lanes;
   /**
@@ -958,7 +965,8 @@ int rf_worker_config_init(struct rf_worker_config *config);
  *
  * Returns 0; `RF_EINVALID_ARGUMENT` for a NULL `worker`, an unknown driver
  * name, a non-zero reserved field or a bad value (entries not a power of
- * two, more than 255 lanes, a malformed `RINGFENCE_*` variable);
+ * two, lanes outside 1 to `RF_MAX_LANES`, a malformed `RINGFENCE_*`
+ * variable);
  * `RF_EIO` if a driver or the core thread cannot start. `*worker` is
  * written only on success.
  *

@@ -214,7 +214,8 @@ pub struct rf_worker_config {
     pub cq_entries: u32,
     /// Requests in flight per ring.
     pub requests: u32,
-    /// Lanes per endpoint (1 to 64, capped by the driver).
+    /// Lanes per endpoint: 1 to `RF_MAX_LANES` (0: the default), capped
+    /// by the driver.
     pub lanes: u32,
     /// Notification buffers.
     pub notify_buffers: u32,
@@ -236,6 +237,11 @@ pub struct rf_worker_config {
 /// The library version, `major << 16 | minor << 8 | patch`, as returned by
 /// `rf_version`.
 pub const RF_VERSION: u32 = 0x00_01_00;
+
+/// The most lanes an endpoint has (`RINGFENCE_LANES`, `config.lanes`, the
+/// connect calls): one limit, checked in one place.
+pub const RF_MAX_LANES: u32 = 64;
+const_assert_eq!(RF_MAX_LANES, ringfence::MAX_LANES as u32);
 
 /// Opcode: does nothing; completes with `res = 0`.
 pub const RF_OP_NOP: u8 = 0;

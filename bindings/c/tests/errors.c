@@ -82,8 +82,16 @@ static void worker_create_refuses_bad_configs(void)
     config.sq_entries = 1u << 20;
     CHECK_RC(rf_worker_create(&config, &w), RF_EINVALID_ARGUMENT);
     config.sq_entries = 0;
+    /* Lanes: 1 to RF_MAX_LANES (64), one limit everywhere. */
     config.lanes = 300;
     CHECK_RC(rf_worker_create(&config, &w), RF_EINVALID_ARGUMENT);
+    config.lanes = RF_MAX_LANES + 1;
+    CHECK_RC(rf_worker_create(&config, &w), RF_EINVALID_ARGUMENT);
+    CHECK(w == 0);
+    config.lanes = RF_MAX_LANES;
+    MUST(rf_worker_create(&config, &w));
+    MUST(rf_worker_destroy(w));
+    w = 0;
     config.lanes = 0;
     CHECK(w == 0); /* nothing was written by the failures */
 

@@ -210,7 +210,8 @@ pub unsafe extern "C" fn rf_worker_config_init(config: *mut rf_worker_config) ->
 ///
 /// Returns 0; `RF_EINVALID_ARGUMENT` for a NULL `worker`, an unknown driver
 /// name, a non-zero reserved field or a bad value (entries not a power of
-/// two, more than 255 lanes, a malformed `RINGFENCE_*` variable);
+/// two, lanes outside 1 to `RF_MAX_LANES`, a malformed `RINGFENCE_*`
+/// variable);
 /// `RF_EIO` if a driver or the core thread cannot start. `*worker` is
 /// written only on success.
 ///
