@@ -261,6 +261,23 @@ static inline int rf_submit(struct rf_ring *ring)
     return (int)n;
 }
 
+/* The 8-byte word at `addr` (8-byte aligned), read with one atomic load
+   (acquire): for a word in registered memory that a peer writes with an
+   aligned 8-byte PUT or an atomic, which lands as one store on the shm
+   driver, so the load sees the old or the new value whole. */
+static inline uint64_t rf_load_u64(const void *addr)
+{
+    return __atomic_load_n((const uint64_t *)addr, __ATOMIC_ACQUIRE);
+}
+
+/* Writes the 8-byte word at `addr` (8-byte aligned) with one atomic store
+   (release): for a word a peer polls or GETs (a sequence number, a flag
+   after a payload). The counterpart of RegisteredBuf::store_u64. */
+static inline void rf_store_u64(void *addr, uint64_t value)
+{
+    __atomic_store_n((uint64_t *)addr, value, __ATOMIC_RELEASE);
+}
+
 /* Prepares a CLOSE of endpoint `ep` (RF_CLOSE_GRACEFUL or RF_CLOSE_FORCE)
    and SUBMITS: like rf_submit, it publishes every SQE prepared before it
    too. Its CQE carries `user_data`. To close without submitting, use

@@ -14,7 +14,7 @@
 
 #define WINDOW (2u << 20)
 
-enum { CMD_EXIT, CMD_CHECK, CMD_WORD, CMD_NOTIFY };
+enum { CMD_EXIT, CMD_CHECK, CMD_WORD, CMD_NOTIFY, CMD_WATCH };
 
 static int sock = -1;
 
@@ -137,6 +137,21 @@ static int target_main(void)
         case CMD_WORD: /* offset */
             reply = __atomic_load_n((uint64_t *)(window + cmd[1]), __ATOMIC_ACQUIRE);
             break;
+        case CMD_WATCH: { /* offset, last: poll the word until it holds
+                             `last`; every value seen must be whole */
+            uint64_t seen = 0, torn = 0, steps = 0;
+            double deadline = rft_now() + RFT_HANG_SECONDS;
+            while (seen != (cmd[2] | cmd[2] << 32) && rft_now() < deadline) {
+                uint64_t v = rf_load_u64(window + cmd[1]);
+                if (v >> 32 != (v & 0xffffffffu) || (v & 0xffffffffu) < (seen & 0xffffffffu))
+                    torn++;
+                if (v != seen)
+                    steps++;
+                seen = v;
+            }
+            reply = torn == 0 && seen == (cmd[2] | cmd[2] << 32) ? steps : 0;
+            break;
+        }
         case CMD_NOTIFY: { /* len, seed */
             struct rf_cqe c = rft_one_cqe(w, &ring);
             uint8_t payload[256];
@@ -284,6 +299,28 @@ static void atomics_on_the_targets_word(void)
     CHECK(ask(CMD_WORD, offset, 0, 0) == 50);
 }
 
+/* An aligned 8-byte PUT lands as one store: the target polls the word
+   with rf_load_u64 while 20,000 PUTs of values whose two halves are equal
+   land on it, and never sees a mix of two values or an older one. */
+static void an_aligned_8_byte_put_lands_whole(void)
+{
+    const uint64_t offset = WINDOW - 128, last = 20000;
+    uint64_t cmd[4] = {CMD_WATCH, offset, last, 0};
+    send_u64s(cmd, 4);
+    uint64_t *word = (uint64_t *)(void *)(src + 64);
+    for (uint64_t k = 1; k <= last; k++) {
+        rf_store_u64(word, k | k << 32);
+        struct rf_sqe *sqe = rft_sqe(&ring);
+        rf_prep_put(sqe, ep, word, src_mem, base + offset, rkey, 8);
+        rf_sqe_set_data(sqe, k);
+        rf_submit(&ring);
+        struct rf_cqe c = rft_one_cqe(w, &ring);
+        CHECK(c.res == 8 && c.user_data == k);
+    }
+    CHECK(recv_u64() > 0); /* the number of values the target saw, all whole */
+    CHECK(rf_load_u64(word) == (last | last << 32));
+}
+
 static void notification_after_the_puts(void)
 {
     fill(src, 4096, 77);
@@ -339,6 +376,7 @@ int main(void)
     RFT_RUN(put_fence_get_every_size);
     RFT_RUN(skip_success_batches_then_one_flush);
     RFT_RUN(atomics_on_the_targets_word);
+    RFT_RUN(an_aligned_8_byte_put_lands_whole);
     RFT_RUN(notification_after_the_puts);
     RFT_RUN(close_then_operations_fail);
     uint64_t cmd[4] = {CMD_EXIT, 0, 0, 0};

@@ -40,6 +40,12 @@ pub(crate) unsafe fn copy(src: *const u8, dst: *mut u8, len: usize) {
     // overlapping ranges copy as `ptr::copy` would.
     unsafe {
         match len {
+            // An aligned word lands with one atomic store: a peer polling it
+            // (with `rf_load_u64` or `RegisteredBuf::load_u64`) sees the
+            // old or the new value, never a mix (the documented guarantee
+            // of an aligned 8-byte PUT).
+            8 if dst.cast::<u64>().is_aligned() => AtomicU64::from_ptr(dst.cast::<u64>())
+                .store(src.cast::<u64>().read_unaligned(), Ordering::Release),
             8 => dst
                 .cast::<u64>()
                 .write_unaligned(src.cast::<u64>().read_unaligned()),
