@@ -9,6 +9,21 @@
  * rf_submit, rf_peek_cqe, rf_peek_batch_cqe, rf_cqe_seen, rf_cq_advance
  * write SQEs into and read CQEs out of the ring memory directly.
  *
+ * Progress. Nothing moves unless the worker progresses: rf_progress on any
+ * thread, rf_wait_cqes (which progresses when no core thread runs), or the
+ * core thread (config.core_thread), which then does it all. The initiator
+ * always progresses. The target: over shm and loopback, never for PUT,
+ * GET and atomics (the initiator's engine accesses the window itself),
+ * only to receive notifications; over tcp, always (the target executes
+ * every operation and acknowledges it).
+ *
+ * fork(): a child may not use its parent's workers. Every handle the
+ * parent created answers RF_ESTALE_HANDLE in the child, destroy included
+ * (the child's copy shares the parent's rings and connections and is left
+ * alone); the child may create workers of its own. Do not touch the
+ * parent's rings with the inline helpers in the child, and fork while no
+ * other thread is inside the library.
+ *
  * C11 and C++17 (GCC or Clang).
  */
 

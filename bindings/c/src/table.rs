@@ -7,8 +7,36 @@
 //! destroy passes; a slot is reused only with its new generation. Zero is
 //! never a handle (generations start at 1). A generation wraps after 2^24
 //! reuses of one slot, the only way a stale handle could ever match again.
+//!
+//! A handle is also stale in a child of `fork()`: the child's copy of a
+//! worker shares the parent's rings and connections, and using it would
+//! take the parent's SQEs and talk over the parent's sockets. Every object
+//! records the process's fork count when it was created (a `pthread_atfork`
+//! child handler counts forks: no system call per lookup); in a child,
+//! what the parent created answers `RF_ESTALE_HANDLE` to every call,
+//! destroy included (the child's copy is left alone), while what the child
+//! creates itself works.
 
 use ringfence_ring::Status;
+use std::sync::Once;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// Forks this process's line went through (counted in each child).
+static FORKS: AtomicU32 = AtomicU32::new(0);
+
+pub(crate) extern "C" fn count_fork_in_child() {
+    // Relaxed: the child has one thread now; later loads are on it.
+    FORKS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// The fork count, the first call registering the child handler (before
+/// any object exists, so no fork can go uncounted for one).
+fn forks() -> u32 {
+    static WATCH: Once = Once::new();
+    WATCH.call_once(crate::ffi::watch_forks);
+    // Relaxed: written only in a child's single thread after fork.
+    FORKS.load(Ordering::Relaxed)
+}
 
 const GENERATION_BITS: u32 = 24;
 const GENERATION_MASK: u32 = (1 << GENERATION_BITS) - 1;
@@ -25,6 +53,8 @@ pub(crate) enum Kind {
 struct Slot<T> {
     /// 1..=GENERATION_MASK; bumped when the value is removed.
     generation: u32,
+    /// `forks()` when the value was stored.
+    forks: u32,
     value: Option<T>,
 }
 
@@ -74,6 +104,7 @@ impl<T> Table<T> {
                 let index = u32::try_from(self.slots.len()).map_err(|_| Status::NoResource)?;
                 self.slots.push(Slot {
                     generation: 1,
+                    forks: 0,
                     value: None,
                 });
                 index
@@ -82,6 +113,7 @@ impl<T> Table<T> {
         let slot = &mut self.slots[index as usize];
         debug_assert!(slot.value.is_none());
         slot.value = Some(value);
+        slot.forks = forks();
         let generation = slot.generation;
         Ok(self.handle(index, generation))
     }
@@ -91,14 +123,15 @@ impl<T> Table<T> {
     /// # Errors
     /// [`Status::InvalidArgument`] for zero or a handle of another kind,
     /// [`Status::StaleHandle`] for one whose object was removed (or that
-    /// never existed).
+    /// never existed), or was created before this process forked.
     pub(crate) fn get(&self, handle: u64) -> Result<&T, Status> {
         let (index, generation) = self.decode(handle)?;
         match self.slots.get(index) {
             Some(Slot {
                 generation: g,
+                forks,
                 value: Some(value),
-            }) if *g == generation => Ok(value),
+            }) if *g == generation && *forks == FORKS.load(Ordering::Relaxed) => Ok(value),
             _ => Err(Status::StaleHandle),
         }
     }
@@ -112,8 +145,9 @@ impl<T> Table<T> {
         match self.slots.get_mut(index) {
             Some(Slot {
                 generation: g,
+                forks,
                 value: Some(value),
-            }) if *g == generation => Ok(value),
+            }) if *g == generation && *forks == FORKS.load(Ordering::Relaxed) => Ok(value),
             _ => Err(Status::StaleHandle),
         }
     }

@@ -8,6 +8,8 @@
 #include "rftest.h"
 
 #include <errno.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 static rf_worker_t loopback_worker(void)
 {
@@ -438,6 +440,52 @@ static void garbage_in_ring_memory(void)
     CHECK_RC(rf_worker_destroy(target), 0);
 }
 
+/* In a child of fork(), every handle the parent created is stale: calls
+   on them, destroy included, return RF_ESTALE_HANDLE and touch nothing
+   (the parent's rings and connections are shared with the child's copy);
+   a worker the child creates works. The parent's worker is unharmed. */
+static void a_forked_child_cannot_use_the_parents_worker(void)
+{
+    struct rf_worker_config config;
+    MUST(rf_worker_config_init(&config));
+    config.drivers = "loopback";
+    config.ignore_env = 1;
+    rf_worker_t w = 0;
+    MUST(rf_worker_create(&config, &w));
+    struct rf_ring ring;
+    MUST(rf_ring_create(w, 0, 0, &ring));
+    rf_prep_nop(rft_sqe(&ring));
+    rf_submit(&ring);
+    fflush(stdout);
+    pid_t child = fork();
+    CHECK(child >= 0);
+    if (child == 0) {
+        int bad = 0;
+        bad += rf_progress(w) != RF_ESTALE_HANDLE;
+        bad += rf_ring_wake(&ring) != RF_ESTALE_HANDLE;
+        bad += rf_ring_destroy(&ring) != RF_ESTALE_HANDLE;
+        bad += rf_worker_destroy(w) != RF_ESTALE_HANDLE;
+        rf_worker_t mine = 0;
+        bad += rf_worker_create(&config, &mine) != 0;
+        struct rf_ring own;
+        bad += rf_ring_create(mine, 0, 0, &own) != 0;
+        rf_prep_nop(rft_sqe(&own));
+        rf_submit(&own);
+        bad += rf_wait_cqes(&own, 1, (int64_t)RFT_HANG_SECONDS * 1000000000) < 1;
+        bad += rf_ring_destroy(&own) != 0;
+        bad += rf_worker_destroy(mine) != 0;
+        _exit(bad == 0 ? 0 : 1);
+    }
+    int status = 0;
+    CHECK(waitpid(child, &status, 0) == child);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    /* The parent's NOP is still its own to complete. */
+    struct rf_cqe c = rft_one_cqe(w, &ring);
+    CHECK(c.res == 0);
+    MUST(rf_ring_destroy(&ring));
+    MUST(rf_worker_destroy(w));
+}
+
 int main(void)
 {
     RFT_RUN(version_and_strerror);
@@ -448,5 +496,6 @@ int main(void)
     RFT_RUN(rkey_unpack_refuses_bad_blobs);
     RFT_RUN(rings_and_core_thread);
     RFT_RUN(garbage_in_ring_memory);
+    RFT_RUN(a_forked_child_cannot_use_the_parents_worker);
     return rft_finish("errors");
 }

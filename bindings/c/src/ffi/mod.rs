@@ -117,3 +117,13 @@ unsafe fn copy_out(
     unsafe { core::ptr::copy_nonoverlapping(data.as_ptr(), buf.cast::<u8>(), data.len()) };
     Ok(0)
 }
+
+/// Registers the `fork()` child handler that makes a parent's handles
+/// stale in the child (`table`).
+pub(crate) fn watch_forks() {
+    // SAFETY: registers a handler that only does an atomic add, which is
+    // async-signal-safe as a fork child handler must be; nothing else is
+    // passed.
+    let rc = unsafe { libc::pthread_atfork(None, None, Some(crate::table::count_fork_in_child)) };
+    debug_assert_eq!(rc, 0, "pthread_atfork failed");
+}
