@@ -30,7 +30,22 @@ const SMALL: [&str; 8] = [
     "5",
 ];
 
+/// The default columns: latencies in nanoseconds.
 const COLUMNS: [&str; 10] = [
+    "Block Size (B)",
+    "Batch Size",
+    "B/W (GB/Sec)",
+    "Avg Lat. (ns)",
+    "Avg Prep (ns)",
+    "P99 Prep (ns)",
+    "Avg Post (ns)",
+    "P99 Post (ns)",
+    "Avg Tx (ns)",
+    "P99 Tx (ns)",
+];
+
+/// nixlbench's columns (`--nixl-format`).
+const NIXL_COLUMNS: [&str; 10] = [
     "Block Size (B)",
     "Batch Size",
     "B/W (GB/Sec)",
@@ -143,6 +158,36 @@ fn csv_has_the_nixlbench_header() {
     let mut lines = out.lines();
     assert_eq!(lines.next(), Some(COLUMNS.join(",").as_str()));
     assert_eq!(lines.count(), 10 * 4);
+    // nixlbench's own header and units on request.
+    args.push("--nixl-format");
+    let out = stdout_of(&args);
+    let mut lines = out.lines();
+    assert_eq!(lines.next(), Some(NIXL_COLUMNS.join(",").as_str()));
+    assert_eq!(lines.count(), 10 * 4);
+}
+
+/// Latencies print in a unit that resolves them: nanoseconds with one
+/// decimal by default, so no sub-microsecond figure reads as 0.0; with
+/// `--nixl-format`, nixlbench's microseconds with one decimal.
+#[test]
+fn latencies_print_in_nanoseconds_unless_nixl_format_is_asked() {
+    let mut args = vec!["--driver", "loopback", "--csv"];
+    args.extend_from_slice(&SMALL);
+    let cells = |out: &str| -> Vec<Vec<String>> {
+        out.lines()
+            .skip(1)
+            .map(|l| l.split(',').map(str::to_string).collect())
+            .collect()
+    };
+    for row in cells(&stdout_of(&args)) {
+        let avg_ns: f64 = row[3].parse().unwrap();
+        assert!(avg_ns > 0.0, "a latency reads as zero: {row:?}");
+        assert_eq!(row[3].split('.').nth(1).map(str::len), Some(1), "{row:?}");
+    }
+    args.push("--nixl-format");
+    for row in cells(&stdout_of(&args)) {
+        assert_eq!(row[3].split('.').nth(1).map(str::len), Some(1), "{row:?}");
+    }
 }
 
 #[test]
@@ -186,7 +231,7 @@ fn latency_mode_reports_one_way_latency() {
             "--plot",
             plot.to_str().unwrap(),
         ]);
-        assert!(out.contains("Typical Lat. (us)"), "{out}");
+        assert!(out.contains("Typical Lat. (ns)"), "{out}");
         let rows = rows(&out);
         assert_eq!(rows.len(), 4, "{out}");
         for r in rows {

@@ -178,6 +178,11 @@ pub struct Cli {
     /// CSV (a header, then one line per row) instead of the table.
     #[arg(long)]
     pub csv: bool,
+    /// nixlbench's exact columns and units (latencies in microseconds with
+    /// one decimal) for side-by-side tables; by default latencies are in
+    /// nanoseconds, which resolve the library's sub-microsecond figures.
+    #[arg(long)]
+    pub nixl_format: bool,
     /// Bandwidth sweep, or ping-pong latency.
     #[arg(long, value_enum, default_value_t = Mode::Bandwidth)]
     pub mode: Mode,

@@ -1,5 +1,7 @@
 //! `--plot FILE.svg`: bandwidth (top) and latency (bottom) against block
-//! size, one line per batch size, on a log2 block-size axis.
+//! size, one line per batch size, on a log2 block-size axis; a value axis
+//! is logarithmic when its values span two decades or more (a latency
+//! sweep to large blocks), so small sizes are not flattened onto zero.
 
 use crate::bench::error::BenchError;
 use plotters::prelude::*;
@@ -24,6 +26,16 @@ fn size_label(log2: &u32) -> String {
     }
 }
 
+/// The y range to draw on a logarithmic axis, if the values span two
+/// decades or more (latencies from 8 B to 64 MiB do): every value is
+/// positive and the largest is at least 100 times the smallest.
+fn log_range(series: &[Series]) -> Option<(f64, f64)> {
+    let values = || series.iter().flat_map(|s| s.points.iter().map(|p| p.1));
+    let lo = values().fold(f64::INFINITY, f64::min);
+    let hi = values().fold(0.0f64, f64::max);
+    (lo > 0.0 && hi >= 100.0 * lo).then(|| (lo / 1.5, hi * 1.5))
+}
+
 fn chart<DB: DrawingBackend>(
     area: &DrawingArea<DB, plotters::coord::Shift>,
     title: &str,
@@ -42,19 +54,45 @@ where
     } else {
         (lo, hi.max(lo + 1))
     };
-    let top = series
-        .iter()
-        .flat_map(|s| s.points.iter().map(|p| p.1))
-        .fold(0.0f64, f64::max)
-        .max(1e-9)
-        * 1.1;
-    let mut c = ChartBuilder::on(area)
+    let mut builder = ChartBuilder::on(area);
+    builder
         .caption(title, ("sans-serif", 20))
         .margin(10)
         .x_label_area_size(35)
-        .y_label_area_size(60)
-        .build_cartesian_2d(lo..hi, 0.0..top)
-        .map_err(|e| e.to_string())?;
+        .y_label_area_size(60);
+    if let Some((bottom, top)) = log_range(series) {
+        let mut c = builder
+            .build_cartesian_2d(lo..hi, (bottom..top).log_scale())
+            .map_err(|e| e.to_string())?;
+        let y_desc = format!("{y_desc} (log scale)");
+        draw(&mut c, (lo, hi), &y_desc, series)
+    } else {
+        let top = series
+            .iter()
+            .flat_map(|s| s.points.iter().map(|p| p.1))
+            .fold(0.0f64, f64::max)
+            .max(1e-9)
+            * 1.1;
+        let mut c = builder
+            .build_cartesian_2d(lo..hi, 0.0..top)
+            .map_err(|e| e.to_string())?;
+        draw(&mut c, (lo, hi), y_desc, series)
+    }
+}
+
+/// The mesh, the lines and the legend of a chart whose x axis is log2 of
+/// the block size from `lo` to `hi`.
+fn draw<'a, DB, Y>(
+    c: &mut ChartContext<'a, DB, Cartesian2d<plotters::coord::types::RangedCoordu32, Y>>,
+    (lo, hi): (u32, u32),
+    y_desc: &str,
+    series: &[Series],
+) -> Result<(), String>
+where
+    DB: DrawingBackend + 'a,
+    DB::ErrorType: 'static,
+    Y: Ranged<ValueType = f64> + plotters::coord::ranged1d::ValueFormatter<f64>,
+{
     c.configure_mesh()
         .x_desc("block size (B)")
         .y_desc(y_desc)
@@ -120,5 +158,14 @@ mod tests {
             &svg[..200]
         );
         assert!(svg.contains("1K"));
+        assert!(!svg.contains("log scale"), "15x is not two decades");
+        // Values over decades go on a logarithmic axis.
+        let wide = vec![Series {
+            label: "batch 1".into(),
+            points: vec![(8, 0.1), (1 << 20, 100.0)],
+        }];
+        write(&path, "t", &s, &wide, "us").unwrap();
+        let svg = std::fs::read_to_string(&path).unwrap();
+        assert!(svg.contains("us (log scale)"));
     }
 }

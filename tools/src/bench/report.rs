@@ -7,7 +7,8 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::io::Write;
 
-/// The nixlbench columns, in order, as nixlbench spells them.
+/// The nixlbench columns, in order, as nixlbench spells them
+/// (`--nixl-format`).
 pub const COLUMNS: [&str; 10] = [
     "Block Size (B)",
     "Batch Size",
@@ -21,7 +22,21 @@ pub const COLUMNS: [&str; 10] = [
     "P99 Tx (us)",
 ];
 
-/// The latency mode's columns.
+/// The same columns with latencies in nanoseconds (the default).
+pub const COLUMNS_NS: [&str; 10] = [
+    "Block Size (B)",
+    "Batch Size",
+    "B/W (GB/Sec)",
+    "Avg Lat. (ns)",
+    "Avg Prep (ns)",
+    "P99 Prep (ns)",
+    "Avg Post (ns)",
+    "P99 Post (ns)",
+    "Avg Tx (ns)",
+    "P99 Tx (ns)",
+];
+
+/// The latency mode's columns (`--nixl-format`: microseconds).
 pub const LATENCY_COLUMNS: [&str; 6] = [
     "Block Size (B)",
     "Iterations",
@@ -30,6 +45,26 @@ pub const LATENCY_COLUMNS: [&str; 6] = [
     "P99 Lat. (us)",
     "B/W (GB/Sec)",
 ];
+
+/// The latency mode's columns in nanoseconds (the default).
+pub const LATENCY_COLUMNS_NS: [&str; 6] = [
+    "Block Size (B)",
+    "Iterations",
+    "Typical Lat. (ns)",
+    "Avg Lat. (ns)",
+    "P99 Lat. (ns)",
+    "B/W (GB/Sec)",
+];
+
+/// A latency of `us` microseconds as a cell: nanoseconds with one
+/// decimal, or nixlbench's microseconds with `nixl_decimals`.
+fn latency(cli: &Cli, us: f64, nixl_decimals: usize) -> String {
+    if cli.nixl_format {
+        format!("{us:.nixl_decimals$}")
+    } else {
+        format!("{:.1}", us * 1e3)
+    }
+}
 
 /// Column widths (nixlbench: 20 for the first, 15 for the rest), wider
 /// for a longer name.
@@ -78,12 +113,19 @@ struct JsonLine<'a, R: Serialize> {
     version: &'static str,
 }
 
+/// The columns of `cli`'s mode and units.
+pub fn columns(cli: &Cli) -> &'static [&'static str] {
+    match (cli.mode, cli.nixl_format) {
+        (Mode::Bandwidth, true) => &COLUMNS,
+        (Mode::Bandwidth, false) => &COLUMNS_NS,
+        (Mode::Latency, true) => &LATENCY_COLUMNS,
+        (Mode::Latency, false) => &LATENCY_COLUMNS_NS,
+    }
+}
+
 /// Everything before the first row.
 pub fn header(cli: &Cli, format: Format, driver_note: &str) -> String {
-    let columns: &[&str] = match cli.mode {
-        Mode::Bandwidth => &COLUMNS,
-        Mode::Latency => &LATENCY_COLUMNS,
-    };
+    let columns = columns(cli);
     match format {
         Format::Json => String::new(),
         Format::Csv => format!("{}\n", columns.join(",")),
@@ -142,15 +184,15 @@ pub fn row(cli: &Cli, format: Format, r: &Row) -> String {
         r.block_size.to_string(),
         r.batch_size.to_string(),
         format!("{:.6}", r.bw_gb_per_sec),
-        format!("{:.1}", r.avg_lat_us),
-        format!("{:.1}", r.prep.avg_us),
-        format!("{:.1}", r.prep.p99_us),
-        format!("{:.1}", r.post.avg_us),
-        format!("{:.1}", r.post.p99_us),
-        format!("{:.1}", r.tx.avg_us),
-        format!("{:.1}", r.tx.p99_us),
+        latency(cli, r.avg_lat_us, 1),
+        latency(cli, r.prep.avg_us, 1),
+        latency(cli, r.prep.p99_us, 1),
+        latency(cli, r.post.avg_us, 1),
+        latency(cli, r.post.p99_us, 1),
+        latency(cli, r.tx.avg_us, 1),
+        latency(cli, r.tx.p99_us, 1),
     ];
-    cells_in(cli, format, r, &cells, &COLUMNS)
+    cells_in(cli, format, r, &cells, columns(cli))
 }
 
 /// One latency row in `format`.
@@ -158,12 +200,12 @@ pub fn latency_row(cli: &Cli, format: Format, r: &LatencyRow) -> String {
     let cells = [
         r.block_size.to_string(),
         r.iterations.to_string(),
-        format!("{:.3}", r.typical_lat_us),
-        format!("{:.3}", r.avg_lat_us),
-        format!("{:.3}", r.p99_lat_us),
+        latency(cli, r.typical_lat_us, 3),
+        latency(cli, r.avg_lat_us, 3),
+        latency(cli, r.p99_lat_us, 3),
         format!("{:.6}", r.bw_gb_per_sec),
     ];
-    cells_in(cli, format, r, &cells, &LATENCY_COLUMNS)
+    cells_in(cli, format, r, &cells, columns(cli))
 }
 
 fn cells_in<R: Serialize>(
@@ -219,14 +261,23 @@ mod tests {
         let cli = Cli::try_parse_from(["rfbench", "--driver", "loopback"]).unwrap();
         let r = Row::new(64, 2, 10, Duration::from_micros(20), &RowSamples::default());
         let table = header(&cli, Format::Table, "");
-        for c in COLUMNS {
+        for c in COLUMNS_NS {
             assert!(table.contains(c), "{c}");
         }
         assert!(row(&cli, Format::Table, &r).starts_with("64 "));
         assert_eq!(
             header(&cli, Format::Csv, "").lines().next().unwrap(),
+            COLUMNS_NS.join(",")
+        );
+        // 10 batches of 2 in 20 us: 1 us per transfer, 1000.0 ns.
+        assert_eq!(row(&cli, Format::Csv, &r).split(',').nth(3), Some("1000.0"));
+        let nixl =
+            Cli::try_parse_from(["rfbench", "--driver", "loopback", "--nixl-format"]).unwrap();
+        assert_eq!(
+            header(&nixl, Format::Csv, "").lines().next().unwrap(),
             COLUMNS.join(",")
         );
+        assert_eq!(row(&nixl, Format::Csv, &r).split(',').nth(3), Some("1.0"));
         assert_eq!(row(&cli, Format::Csv, &r).split(',').count(), 10);
         let v: serde_json::Value = serde_json::from_str(&row(&cli, Format::Json, &r)).unwrap();
         assert_eq!(v["block_size"], 64);
