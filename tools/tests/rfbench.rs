@@ -166,6 +166,37 @@ fn csv_has_the_nixlbench_header() {
     assert_eq!(lines.count(), 10 * 4);
 }
 
+/// Without `--num-iter` a row runs as many batches as `--duration` takes
+/// (at least 100); with it, exactly that many.
+#[test]
+fn rows_scale_to_the_duration_unless_num_iter_fixes_them() {
+    let base = [
+        "--driver",
+        "loopback",
+        "--json",
+        "--max-block-size",
+        "1K",
+        "--max-batch-size",
+        "4",
+    ];
+    let iterations = |extra: &[&str]| -> Vec<u64> {
+        let mut args = base.to_vec();
+        args.extend_from_slice(extra);
+        stdout_of(&args)
+            .lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                v["iterations"].as_u64().unwrap()
+            })
+            .collect()
+    };
+    let scaled = iterations(&["--duration", "0.01"]);
+    assert_eq!(scaled.len(), 8 * 3);
+    assert!(scaled.iter().all(|&n| n >= 100), "{scaled:?}");
+    let fixed = iterations(&["--duration", "0.01", "--num-iter", "37"]);
+    assert!(fixed.iter().all(|&n| n == 37), "{fixed:?}");
+}
+
 /// Latencies print in a unit that resolves them: nanoseconds with one
 /// decimal by default, so no sub-microsecond figure reads as 0.0; with
 /// `--nixl-format`, nixlbench's microseconds with one decimal.
@@ -253,6 +284,7 @@ fn bad_arguments_are_a_clear_message_and_status_2() {
             "larger than --max-block-size",
         ),
         (&["--driver", "verbs"], "not built"),
+        (&["--duration", "0"], "--duration must be"),
         (&["--role", "initiator"], "--peer"),
         (
             &["--role", "initiator", "--peer", "nonsense"],

@@ -139,9 +139,16 @@ pub struct Cli {
     /// Last batch size (a power of two; doubling from the first).
     #[arg(long, default_value_t = 32)]
     pub max_batch_size: u64,
-    /// Timed batches per row (latency mode: round trips).
-    #[arg(long, default_value_t = 1000)]
-    pub num_iter: u64,
+    /// Timed batches per row (latency mode: round trips). Given, it fixes
+    /// the count; by default a bandwidth row runs as many as `--duration`
+    /// takes (a latency row: 1000).
+    #[arg(long)]
+    pub num_iter: Option<u64>,
+    /// Seconds each bandwidth row runs at least, when `--num-iter` is not
+    /// given: iterations are scaled to it from the warmup's pace, so that
+    /// short rows are not swamped by noise.
+    #[arg(long, default_value_t = 0.05)]
+    pub duration: f64,
     /// Untimed batches before each row (latency mode: round trips).
     #[arg(long, default_value_t = 100)]
     pub warmup_iter: u64,
@@ -232,6 +239,10 @@ fn parse_size(s: &str) -> Result<u64, String> {
 pub const MAX_BLOCK: u64 = 1 << 30;
 /// The largest batch size (stays inside the default rings: SQ 256).
 pub const MAX_BATCH: u64 = 128;
+/// Round trips per latency row when `--num-iter` is not given.
+pub const DEFAULT_LATENCY_ITERS: u64 = 1000;
+/// Bounds of the timed batches a `--duration` row runs.
+pub const DURATION_ITERS: (u64, u64) = (100, 10_000_000);
 /// Bytes of the window: every transfer of the largest batch at its own
 /// offset, for the largest block.
 pub fn window_len(op: OpKind, max_block: u64, max_batch: u64) -> usize {
@@ -240,6 +251,11 @@ pub fn window_len(op: OpKind, max_block: u64, max_batch: u64) -> usize {
 }
 
 impl Cli {
+    /// Round trips per latency row: `--num-iter`, or 1000.
+    pub fn latency_iters(&self) -> u64 {
+        self.num_iter.unwrap_or(DEFAULT_LATENCY_ITERS)
+    }
+
     /// Checks what clap cannot: powers of two, ranges, and combinations.
     ///
     /// # Errors
@@ -270,8 +286,14 @@ impl Cli {
         if self.start_batch_size > self.max_batch_size {
             return usage("--start-batch-size is larger than --max-batch-size".into());
         }
-        if self.num_iter == 0 {
+        if self.num_iter == Some(0) {
             return usage("--num-iter must be at least 1".into());
+        }
+        if !(self.duration.is_finite() && self.duration > 0.0 && self.duration <= 3600.0) {
+            return usage(format!(
+                "--duration must be more than 0 and at most 3600 seconds, not {}",
+                self.duration
+            ));
         }
         if self.fence_every == 0 {
             return usage("--fence-every must be at least 1".into());

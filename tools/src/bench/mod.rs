@@ -318,7 +318,7 @@ fn latency_loopback(cli: &Cli) -> Result<(), BenchError> {
     let (ping_window, pong_window) = (alloc(&ping_worker)?, alloc(&pong_worker)?);
     let ping_conn = Connection::of(&ping_worker, &ping_window)?;
     let pong_conn = Connection::of(&pong_worker, &pong_window)?;
-    let rounds = cli.warmup_iter + cli.num_iter;
+    let rounds = cli.warmup_iter + cli.latency_iters();
     let pong_sizes = sizes.clone();
     let answering = std::thread::Builder::new()
         .name("rfbench-pong".into())
@@ -352,7 +352,13 @@ fn latency_loopback(cli: &Cli) -> Result<(), BenchError> {
             Polling::of(DriverKind::Loopback, inline),
         )?;
         let printer = latency_printer(cli, " (answering side: a second thread)")?;
-        latency::ping(&mut side, &sizes, cli.warmup_iter, cli.num_iter, printer)
+        latency::ping(
+            &mut side,
+            &sizes,
+            cli.warmup_iter,
+            cli.latency_iters(),
+            printer,
+        )
     })();
     let answered = answering
         .join()
@@ -381,7 +387,7 @@ fn latency_remote(
         "pong {} {} {} {}",
         own.encode(),
         cli.warmup_iter,
-        cli.num_iter,
+        cli.latency_iters(),
         words.join(" ")
     ))?;
     target.expect_ok()?;
@@ -400,7 +406,13 @@ fn latency_remote(
     // handshake finishes; outside the clock.
     side.wait_connected()?;
     let printer = latency_printer(cli, note)?;
-    let rows = latency::ping(&mut side, &sizes, cli.warmup_iter, cli.num_iter, printer)?;
+    let rows = latency::ping(
+        &mut side,
+        &sizes,
+        cli.warmup_iter,
+        cli.latency_iters(),
+        printer,
+    )?;
     target.expect_ok()?;
     latency_output(cli, &rows)
 }

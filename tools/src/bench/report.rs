@@ -142,7 +142,16 @@ pub fn header(cli: &Cli, format: Format, driver_note: &str) -> String {
                 ("Op type (--op)", format!("{:?}", cli.op).to_uppercase()),
                 ("Block sizes (B)", sizes(cli.block_sizes())),
                 ("Batch sizes", sizes(cli.batch_sizes())),
-                ("Num iter (--num-iter)", cli.num_iter.to_string()),
+                (
+                    "Num iter (--num-iter, --duration)",
+                    match (cli.num_iter, cli.mode) {
+                        (Some(n), _) => n.to_string(),
+                        (None, Mode::Latency) => cli.latency_iters().to_string(),
+                        (None, Mode::Bandwidth) => {
+                            format!("as many as {} s per row takes", cli.duration)
+                        }
+                    },
+                ),
                 ("Warmup iter (--warmup-iter)", cli.warmup_iter.to_string()),
                 (
                     "Fence (--fence, --fence-every)",

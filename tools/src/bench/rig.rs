@@ -202,7 +202,7 @@ impl Initiator {
             op: cli.op,
             block,
             batch,
-            count: cli.warmup_iter + cli.num_iter,
+            count: cli.warmup_iter + cli.num_iter.unwrap_or(0),
         };
         if (spec.span() as u64) > self.window_len {
             return Err(BenchError::Usage(format!(
@@ -219,13 +219,22 @@ impl Initiator {
             }
         }
         self.build_batch(cli, block, batch);
+        let warmup = Instant::now();
         for _ in 0..cli.warmup_iter {
             self.one_batch()?;
             target.service()?;
         }
+        let iters = cli
+            .num_iter
+            .unwrap_or_else(|| scaled_iters(cli, warmup.elapsed()));
+        // The atomics' check counts every batch, the timed ones included.
+        let spec = RowSpec {
+            count: cli.warmup_iter + iters,
+            ..spec
+        };
         let mut samples = RowSamples::default();
         let mut busy = Duration::ZERO;
-        for _ in 0..cli.num_iter {
+        for _ in 0..iters {
             let start = Instant::now();
             let (prep, post, tx) = self.one_batch()?;
             busy += start.elapsed();
@@ -244,6 +253,17 @@ impl Initiator {
             }
             target.verify(spec)?;
         }
-        Ok(Row::new(block, batch, cli.num_iter, busy, &samples))
+        Ok(Row::new(block, batch, iters, busy, &samples))
     }
+}
+
+/// The timed batches a row runs for `--duration`, from the warmup's pace
+/// (`warmup_iter` batches in `took`; with no warmup, the least).
+fn scaled_iters(cli: &Cli, took: Duration) -> u64 {
+    let (least, most) = crate::bench::cli::DURATION_ITERS;
+    if cli.warmup_iter == 0 || took.is_zero() {
+        return least;
+    }
+    let per_batch = took.as_secs_f64() / cli.warmup_iter as f64;
+    ((cli.duration / per_batch) as u64).clamp(least, most)
 }
