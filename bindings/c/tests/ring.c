@@ -230,6 +230,33 @@ static void a_worker_flush_covers_every_endpoint(void)
     MUST(rf_worker_destroy(target2));
 }
 
+/* Preparing never submits: a CLOSE prepared with rf_prep_close stays in
+   the ring (pending, no CQE, the endpoint still up) until rf_submit;
+   rf_submit_close is the one helper that submits, and says so. */
+static void preparing_a_close_does_not_submit(void)
+{
+    static uint8_t local[64];
+    struct link l = connect_window(64, local, sizeof local);
+    struct rf_ring ring;
+    MUST(rf_ring_create(l.w, 0, 0, &ring));
+    struct rf_sqe *sqe = rft_sqe(&ring);
+    rf_prep_close(sqe, l.ep, RF_CLOSE_GRACEFUL);
+    rf_sqe_set_data(sqe, 5);
+    CHECK(rf_sq_pending(&ring) == 1);
+    for (int i = 0; i < 10; i++)
+        MUST(rf_progress(l.w));
+    struct rf_cqe *none = NULL;
+    CHECK(rf_peek_cqe(&ring, &none) == RF_EAGAIN);
+    CHECK_RC(rf_ep_state(l.w, l.ep, NULL), RF_EP_CONNECTED);
+    rf_submit(&ring);
+    struct rf_cqe c = rft_one_cqe(l.w, &ring);
+    CHECK(c.user_data == 5 && c.res == 0);
+    CHECK_RC(rf_ep_state(l.w, l.ep, NULL), RF_EP_CLOSED);
+    MUST(rf_ring_destroy(&ring));
+    MUST(rf_worker_destroy(l.w));
+    MUST(rf_worker_destroy(l.target));
+}
+
 /* rf_ring_try_now runs a PUT at once (its result is its completion, no
    CQE follows) and declines while the ring holds an SQE not yet taken. */
 static void try_now_runs_or_declines(void)
@@ -355,6 +382,7 @@ int main(void)
     RFT_RUN(put_and_get_through_loopback);
     RFT_RUN(bounded_waits_with_and_without_a_core_thread);
     RFT_RUN(a_worker_flush_covers_every_endpoint);
+    RFT_RUN(preparing_a_close_does_not_submit);
     RFT_RUN(try_now_runs_or_declines);
     RFT_RUN(submit_wakes_a_sleeping_core_thread);
     RFT_RUN(epoll_on_the_cq_eventfd);
