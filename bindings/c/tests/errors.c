@@ -446,12 +446,7 @@ static void garbage_in_ring_memory(void)
    a worker the child creates works. The parent's worker is unharmed. */
 static void a_forked_child_cannot_use_the_parents_worker(void)
 {
-    struct rf_worker_config config;
-    MUST(rf_worker_config_init(&config));
-    config.drivers = "loopback";
-    config.ignore_env = 1;
-    rf_worker_t w = 0;
-    MUST(rf_worker_create(&config, &w));
+    rf_worker_t w = loopback_worker();
     struct rf_ring ring;
     MUST(rf_ring_create(w, 0, 0, &ring));
     rf_prep_nop(rft_sqe(&ring));
@@ -465,6 +460,10 @@ static void a_forked_child_cannot_use_the_parents_worker(void)
         bad += rf_ring_wake(&ring) != RF_ESTALE_HANDLE;
         bad += rf_ring_destroy(&ring) != RF_ESTALE_HANDLE;
         bad += rf_worker_destroy(w) != RF_ESTALE_HANDLE;
+        struct rf_worker_config config;
+        bad += rf_worker_config_init(&config) != 0;
+        config.drivers = "loopback";
+        config.ignore_env = 1;
         rf_worker_t mine = 0;
         bad += rf_worker_create(&config, &mine) != 0;
         struct rf_ring own;
