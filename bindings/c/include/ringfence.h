@@ -2,7 +2,9 @@
  * ringfence.h: the C API of ringfence (libringfence).
  *
  * Functions return 0 (or a count) on success and a negative RF_E* status on
- * failure (rf_strerror describes it). Objects are generation-checked
+ * failure (rf_strerror describes it): each function's comment lists the
+ * statuses it returns (a test checks the lists against the code), and any
+ * function returns RF_EIO if the library hit an internal error (a bug). Objects are generation-checked
  * handles: a destroyed object's handle is RF_ESTALE_HANDLE, never a crash.
  *
  * The data path is inline (at the end of this file): rf_get_sqe, rf_prep_*,
@@ -819,7 +821,8 @@ int rf_rkey_unpack(rf_worker_t worker,
  * Returns 0; `RF_EINVALID_ARGUMENT` for a NULL `ring` or entry counts that
  * are not powers of two up to 65536; `RF_ENO_RESOURCE` past 4096 rings in
  * the worker's life (destroyed rings count: the engine keeps their
- * memory); `RF_ESTALE_HANDLE`. `*ring` is written only on success.
+ * memory); `RF_ENO_MEMORY` if the ring memory cannot be allocated;
+ * `RF_ESTALE_HANDLE`. `*ring` is written only on success.
  *
  * # Safety
  * - `ring` is NULL or points to a writable `struct rf_ring`.
@@ -1045,7 +1048,8 @@ int rf_ep_connect(rf_worker_t worker, const void *addr, size_t len, uint32_t *ep
  * `RF_EP_CLOSED`. A snapshot: progress may change it at any time.
  *
  * Returns the state (non-negative); `RF_EINVALID_ENDPOINT` for an id
- * `rf_ep_connect` did not hand out; `RF_ESTALE_HANDLE`.
+ * `rf_ep_connect` did not hand out; `RF_ESTALE_HANDLE`;
+ * `RF_EINVALID_ARGUMENT` for a handle that is not a worker's.
  *
  * # Safety
  * - `error` is NULL or points to a writable `int`.

@@ -71,6 +71,8 @@
 
 pub mod abi;
 pub mod ffi;
+#[cfg(test)]
+mod status_docs;
 mod table;
 
 #[cfg(test)]

@@ -117,7 +117,8 @@ fn c_view(qp: &QueuePair, handle: rf_ring_t) -> rf_ring {
 /// Returns 0; `RF_EINVALID_ARGUMENT` for a NULL `ring` or entry counts that
 /// are not powers of two up to 65536; `RF_ENO_RESOURCE` past 4096 rings in
 /// the worker's life (destroyed rings count: the engine keeps their
-/// memory); `RF_ESTALE_HANDLE`. `*ring` is written only on success.
+/// memory); `RF_ENO_MEMORY` if the ring memory cannot be allocated;
+/// `RF_ESTALE_HANDLE`. `*ring` is written only on success.
 ///
 /// # Safety
 /// - `ring` is NULL or points to a writable `struct rf_ring`.

@@ -352,7 +352,8 @@ pub unsafe extern "C" fn rf_ep_connect(
 /// `RF_EP_CLOSED`. A snapshot: progress may change it at any time.
 ///
 /// Returns the state (non-negative); `RF_EINVALID_ENDPOINT` for an id
-/// `rf_ep_connect` did not hand out; `RF_ESTALE_HANDLE`.
+/// `rf_ep_connect` did not hand out; `RF_ESTALE_HANDLE`;
+/// `RF_EINVALID_ARGUMENT` for a handle that is not a worker's.
 ///
 /// # Safety
 /// - `error` is NULL or points to a writable `int`.
