@@ -52,14 +52,10 @@ impl Engine {
             return;
         }
         let result = if self.endpoints[e].has(MIXED) {
-            match self.part_done(e, None, result) {
-                Part::Done(result) => result,
-                Part::Waiting => return,
-                Part::Stray => {
-                    self.stray_completions += 1;
-                    return;
-                }
-            }
+            let Some(all) = self.split_part_done(e, None, result) else {
+                return;
+            };
+            all
         } else {
             result
         };
@@ -94,14 +90,10 @@ impl Engine {
         if self.endpoints[e].has(MIXED) && matches!(request.opcode(), Opcode::FLUSH | Opcode::CLOSE)
         {
             // One part of a flush split over the endpoint's drivers.
-            match self.part_done(e, Some(id.0), result) {
-                Part::Done(all) => result = all,
-                Part::Waiting => return,
-                Part::Stray => {
-                    self.stray_completions += 1;
-                    return;
-                }
-            }
+            let Some(all) = self.split_part_done(e, Some(id.0), result) else {
+                return;
+            };
+            result = all;
         }
         self.endpoints[e].inflight -= 1;
         self.finish(id, e, result);

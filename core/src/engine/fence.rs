@@ -388,7 +388,6 @@ impl Engine {
     /// generation (R14, R38). If a flush in flight covers earlier work on
     /// it and the lane was replaced since that work, the entry is marked
     /// replaced, so the next boundary flushes every lane (R38).
-    #[cold]
     pub(super) fn newly_dirty(&mut self, e: usize, lane: u8, generation: u32) {
         self.endpoints[e].dirty |= 1 << lane;
         let cold = &mut self.cold[e];
@@ -445,22 +444,9 @@ impl Engine {
         let token = self.fence_token(e);
         let posted = if mixed {
             // One part per driver, each of exactly its dirty lanes (R24).
-            let mut parts = FlushParts {
-                remaining: mask,
-                ..FlushParts::default()
-            };
-            self.start_parts(e, &mut parts, token);
+            let (posted, parts) = self.start_split(e, mask, token);
             self.cold[e].fence_parts = parts;
-            if parts.is_done() {
-                Posted::Done(parts.result())
-            } else if parts.remaining == mask && parts.pending == 0 {
-                Posted::NoResource
-            } else {
-                if parts.remaining != 0 {
-                    self.schedule(e); // dispatch retries the refused parts
-                }
-                Posted::InFlight
-            }
+            posted
         } else {
             self.drivers[driver].flush(driver_ep, mask, token)
         };

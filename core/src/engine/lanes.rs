@@ -197,6 +197,55 @@ impl Engine {
         }
     }
 
+    /// Starts a flush of endpoint lanes `mask` of endpoint `e` (one with
+    /// lanes on several drivers) as one part per group, with `token`.
+    /// Returns what the start amounts to as a whole, with the parts: done
+    /// if every part finished inside its driver's call, no room if no
+    /// driver took its part, else in flight (dispatch is scheduled to
+    /// retry the parts that found no room).
+    pub(super) fn start_split(
+        &mut self,
+        e: usize,
+        mask: LaneMask,
+        token: Token,
+    ) -> (Posted, FlushParts) {
+        let mut parts = FlushParts {
+            remaining: mask,
+            ..FlushParts::default()
+        };
+        self.start_parts(e, &mut parts, token);
+        let posted = if parts.is_done() {
+            Posted::Done(parts.result())
+        } else if parts.remaining == mask && parts.pending == 0 {
+            Posted::NoResource
+        } else {
+            if parts.remaining != 0 {
+                self.schedule(e); // dispatch retries the refused parts
+            }
+            Posted::InFlight
+        };
+        (posted, parts)
+    }
+
+    /// [`part_done`](Engine::part_done) with a stray counted: the whole
+    /// flush's result when this was its last part; `None` while other
+    /// parts are out, or if the completion was stray.
+    pub(super) fn split_part_done(
+        &mut self,
+        e: usize,
+        request: Option<u32>,
+        result: Result<u32, Status>,
+    ) -> Option<Result<u32, Status>> {
+        match self.part_done(e, request, result) {
+            Part::Done(result) => Some(result),
+            Part::Waiting => None,
+            Part::Stray => {
+                self.stray_completions += 1;
+                None
+            }
+        }
+    }
+
     /// One part of a flush of endpoint `e` (one with lanes on several
     /// drivers) completed with `result`: the fence flush's if `request` is
     /// `None`, else that user flush's.

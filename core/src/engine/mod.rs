@@ -106,7 +106,6 @@ mod token;
 
 use direct::{OpKeys, Resolved, is_rma};
 use intake::rma_shape;
-use lanes::Part;
 pub(crate) use queue::EngineQueue;
 pub(crate) use quiet::QuietPart;
 use token::Named;

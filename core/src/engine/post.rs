@@ -94,29 +94,13 @@ impl Engine {
         mask: LaneMask,
         token: Token,
     ) -> Posted {
-        let mut parts = FlushParts {
-            remaining: mask,
-            ..FlushParts::default()
-        };
-        self.start_parts(e, &mut parts, token);
-        if parts.is_done() {
-            return Posted::Done(parts.result());
+        let (posted, parts) = self.start_split(e, mask, token);
+        if posted == Posted::InFlight {
+            // Bounded by the requests in flight; reserved at connect, so it
+            // grows only past eight concurrent flushes on one endpoint.
+            self.cold[e].user_flushes.push((id.0, parts));
         }
-        if parts
-            == (FlushParts {
-                remaining: mask,
-                ..FlushParts::default()
-            })
-        {
-            return Posted::NoResource;
-        }
-        // Bounded by the requests in flight; reserved at connect, so it
-        // grows only past eight concurrent flushes on one endpoint.
-        self.cold[e].user_flushes.push((id.0, parts));
-        if parts.remaining != 0 {
-            self.schedule(e);
-        }
-        Posted::InFlight
+        posted
     }
 
     /// The token of user FLUSH or CLOSE `id`, whose flush starts now: it

@@ -122,22 +122,11 @@ impl Engine {
         self.cover(e, cleans);
         let ep = &self.endpoints[e];
         let posted = if ep.has(MIXED) {
-            let mut parts = FlushParts {
-                remaining: mask,
-                ..FlushParts::default()
-            };
-            self.start_parts(e, &mut parts, token);
-            if parts.is_done() {
-                Posted::Done(parts.result())
-            } else if parts.remaining == mask && parts.pending == 0 {
-                Posted::NoResource
-            } else {
+            let (posted, parts) = self.start_split(e, mask, token);
+            if posted == Posted::InFlight {
                 self.cold[e].user_flushes.push((flush.0, parts));
-                if parts.remaining != 0 {
-                    self.schedule(e);
-                }
-                Posted::InFlight
             }
+            posted
         } else {
             let driver_ep = crate::driver::DriverEp(ep.driver_ep);
             self.drivers[ep.driver as usize].flush(driver_ep, mask, token)
@@ -224,17 +213,14 @@ impl Engine {
             self.stray_completions += 1;
             return;
         };
-        let mut result = result;
-        if self.endpoints[e].has(MIXED) {
-            match self.part_done(e, Some(flush.0), result) {
-                Part::Done(all) => result = all,
-                Part::Waiting => return,
-                Part::Stray => {
-                    self.stray_completions += 1;
-                    return;
-                }
-            }
-        }
+        let result = if self.endpoints[e].has(MIXED) {
+            let Some(all) = self.split_part_done(e, Some(flush.0), result) else {
+                return;
+            };
+            all
+        } else {
+            result
+        };
         self.worker_part_finished(e, i, result);
     }
 

@@ -36,8 +36,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub(crate) unsafe fn copy(src: *const u8, dst: *mut u8, len: usize) {
     // SAFETY: in every arm, each load and store covers a sub-range of
     // `[0, len)` of its pointer, which the caller makes valid; unaligned
-    // accesses are used throughout, and all loads precede the stores, so
-    // overlapping ranges copy as `ptr::copy` would.
+    // accesses are used throughout except the aligned word's atomic
+    // store, whose pointer the match guard checked for 8-byte alignment
+    // (`AtomicU64::from_ptr` needs that, and 8 valid bytes, which `len`
+    // gives); all loads precede the stores, so overlapping ranges copy as
+    // `ptr::copy` would.
     unsafe {
         match len {
             // An aligned word lands with one atomic store: a peer polling it
