@@ -1287,6 +1287,10 @@ fn r26_an_idle_worker_flush_completes_at_once(over: Over) {
     named.endpoint = 1;
     let cqes = r.run(&[named]);
     assert_eq!(cqes[0].res, Status::InvalidEndpoint.as_raw());
+    // Garbage in the fields a FLUSH does not use changes nothing.
+    let mut noisy = Sqe::flush_worker();
+    (noisy.operand, noisy.operand2, noisy.len) = (u64::MAX, 0xdead_beef, 7);
+    all_ok(&r.run(&[r.put(0, 0, false, false), noisy]));
 }
 
 #[derive(Debug, Clone)]

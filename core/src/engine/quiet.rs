@@ -50,7 +50,11 @@ impl Engine {
     /// Takes worker flush `id`: one part per endpoint with something to
     /// cover; completes it at once if none has.
     pub(super) fn worker_flush(&mut self, id: RequestId) {
-        self.request_mut(id).len = 0; // parts not finished
+        // Its own bookkeeping, over what the SQE carried in the fields a
+        // FLUSH does not use: parts not finished, and no failure yet.
+        let r = self.request_mut(id);
+        r.len = 0;
+        r.operand2 = 0;
         let mut parts = 0u32;
         for e in 0..self.endpoints.len() {
             let ep = &self.endpoints[e];
