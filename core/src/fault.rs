@@ -834,6 +834,10 @@ impl<D: Driver> Driver for FaultInjector<D> {
         self.inner.commit();
     }
 
+    fn check_alive(&mut self, ep: DriverEp) -> Result<(), Status> {
+        self.inner.check_alive(ep)
+    }
+
     /// None, whatever the inner driver has: the injector holds operations
     /// and releases them only inside `poll`, where nothing makes a
     /// descriptor readable, so the core thread must keep polling while

@@ -435,6 +435,10 @@ impl Driver for Loopback {
         let Some(conn) = self.conns.get_mut(ep.0 as usize).and_then(Option::as_mut) else {
             return Posted::Done(Err(Status::EndpointClosed));
         };
+        if !conn.peer.alive.load(Ordering::Acquire) {
+            // A flush succeeds only while the peer lives.
+            return Posted::Done(Err(Status::PeerUnreachable));
+        }
         if self.mode == CompletionMode::Immediate || lanes == 0 {
             return Posted::Done(Ok(0));
         }
@@ -447,6 +451,15 @@ impl Driver for Loopback {
             seq: conn.next_seq - 1,
         });
         Posted::InFlight
+    }
+
+    fn check_alive(&mut self, ep: DriverEp) -> Result<(), Status> {
+        match self.conns.get(ep.0 as usize).and_then(Option::as_ref) {
+            // Acquire: pairs with the peer's Release as it is dropped.
+            Some(conn) if conn.peer.alive.load(Ordering::Acquire) => Ok(()),
+            Some(_) => Err(Status::PeerUnreachable),
+            None => Err(Status::EndpointClosed),
+        }
     }
 
     fn direct(&mut self) -> Option<&mut dyn DirectPath> {

@@ -1079,6 +1079,14 @@ impl<D: Driver> Driver for SimDriver<D> {
         Posted::InFlight
     }
 
+    fn check_alive(&mut self, ep: DriverEp) -> Result<(), Status> {
+        match self.conn(ep) {
+            None => Err(Status::EndpointClosed),
+            Some(c) if c.dead || c.closing || c.connecting => Err(Status::EndpointClosed),
+            Some(_) => self.inner.check_alive(ep),
+        }
+    }
+
     fn commit(&mut self) {
         {
             let mut s = lock(&self.state);

@@ -966,7 +966,8 @@ fn try_now_runs_where_the_ring_would_start_at_once_and_declines_elsewhere() {
 
 /// A driver that keeps operations in flight (loopback's `NextPoll`, the
 /// simulated asynchronous driver) never runs anything now; and a failed endpoint's error is reported
-/// once, by the operation that met it, then by its CQEs.
+/// by the operation that met it, then by every later try_now (each its operation's one completion)
+/// and by CQEs of what is pushed.
 #[test]
 fn try_now_declines_on_drivers_that_keep_operations_in_flight_and_on_failed_endpoints() {
     for over in [Over::NextPoll, Over::Sim] {
@@ -988,7 +989,13 @@ fn try_now_declines_on_drivers_that_keep_operations_in_flight_and_on_failed_endp
     } = p;
     drop(target);
     assert_eq!(qp.try_now(&put), Some(Err(Status::PeerUnreachable)));
-    assert_eq!(qp.try_now(&put), None, "the endpoint failed");
+    // The endpoint failed: try_now keeps failing with its sticky error,
+    // each call the operation's one completion.
+    assert_eq!(
+        qp.try_now(&put),
+        Some(Err(Status::PeerUnreachable)),
+        "the endpoint failed"
+    );
     let cqes = run(&initiator, &mut qp, &[put], 1);
     assert_eq!(cqes[0].res, Status::PeerUnreachable.as_raw());
 }
@@ -1021,6 +1028,44 @@ fn store_u64_is_one_word_a_peer_reads() {
                 .enumerate()
                 .all(|(i, &b)| (8..16).contains(&i) || b == 0),
             "nothing else written: {all:?}"
+        );
+    }
+}
+
+/// A FLUSH succeeds only if the peer is alive when it completes, even
+/// with nothing to flush (`Driver::check_alive`); so does a graceful
+/// CLOSE, which closes the endpoint all the same. Over a peer that lives,
+/// both succeed.
+#[test]
+fn a_flush_with_nothing_to_flush_fails_once_the_peer_is_gone() {
+    for over in [Over::Immediate, Over::NextPoll, Over::Sim] {
+        let p = Pair::new(over, 1, 64);
+        let mut qp = p.initiator.create_queue().unwrap();
+        let e = p.ep.as_raw();
+        let flush = Sqe::flush(e).with_user_data(1);
+        assert_eq!(
+            run(&p.initiator, &mut qp, &[flush], 1)[0].res,
+            0,
+            "{over:?}"
+        );
+        let Pair {
+            target,
+            initiator,
+            ep,
+            ..
+        } = p;
+        drop(target);
+        let c = run(&initiator, &mut qp, &[flush], 1);
+        assert_eq!(c[0].res, Status::PeerUnreachable.as_raw(), "{over:?}");
+        let close = Sqe::close(e, ringfence_ring::CloseMode::GRACEFUL).with_user_data(2);
+        let c = run(&initiator, &mut qp, &[close], 1);
+        assert_eq!(c[0].res, Status::PeerUnreachable.as_raw(), "{over:?}");
+        assert!(
+            matches!(
+                initiator.endpoint_state(ep),
+                Ok(ringfence::EndpointState::Closed)
+            ),
+            "{over:?}"
         );
     }
 }

@@ -566,27 +566,20 @@ fn try_now_through_the_hot_key() {
     let c = shm::complete(&w, &mut qp, &[put.with_user_data(1)], 1);
     assert_eq!(c[0].res, ringfence::Status::AccessDenied.as_raw());
 
-    // Killed: PUTs may still land in its memory until the hang-up is seen;
-    // then one fails with PEER_UNREACHABLE and the endpoint with it.
+    // Killed and reaped: its liveness word is marked, so the very next
+    // try_now fails with PEER_UNREACHABLE, the endpoint with it, and every
+    // later one with the endpoint's sticky error.
     child.process.kill().unwrap();
     child.process.wait().unwrap();
-    let deadline = ringfence_tests::Deadline::after(
-        std::time::Duration::from_secs(60),
-        "the peer's death seen by try_now",
+    assert_eq!(
+        qp.try_now(&put),
+        Some(Err(ringfence::Status::PeerUnreachable))
     );
-    loop {
-        match qp.try_now(&put) {
-            Some(Err(ringfence::Status::AccessDenied)) => {}
-            Some(Err(status)) => {
-                assert_eq!(status, ringfence::Status::PeerUnreachable);
-                break;
-            }
-            other => panic!("unexpected {other:?}"),
-        }
-        deadline.check(String::new);
-        std::thread::yield_now();
-    }
-    assert_eq!(qp.try_now(&put), None, "the endpoint failed");
+    assert_eq!(
+        qp.try_now(&put),
+        Some(Err(ringfence::Status::PeerUnreachable)),
+        "the endpoint failed"
+    );
     let c = shm::complete(&w, &mut qp, &[put.with_user_data(2)], 1);
     assert_eq!(c[0].res, ringfence::Status::PeerUnreachable.as_raw());
 }

@@ -1306,7 +1306,8 @@ static inline void rf_prep_fence(struct rf_sqe *sqe, uint32_t ep, uint8_t mode)
 }
 
 /* A flush: completes when everything submitted on `ep` before it is
-   remotely complete. */
+   remotely complete. It succeeds only if the peer was alive when it
+   completed (even with nothing to flush); a dead peer's: RF_EPEER_UNREACHABLE. */
 static inline void rf_prep_flush(struct rf_sqe *sqe, uint32_t ep)
 {
     _rf_prep(sqe, RF_OP_FLUSH, RF_FLUSH_ENDPOINT, ep, 0, 0, NULL, 0, 0);
@@ -1329,7 +1330,9 @@ static inline void rf_prep_notify(struct rf_sqe *sqe, uint32_t ep, const void *p
     _rf_prep(sqe, RF_OP_NOTIFY, 0, ep, len, payload_mem, payload, 0, 0);
 }
 
-/* A close of `ep` (RF_CLOSE_GRACEFUL or RF_CLOSE_FORCE). */
+/* A close of `ep` (RF_CLOSE_GRACEFUL or RF_CLOSE_FORCE). A graceful close
+   of a dead peer's endpoint completes with RF_EPEER_UNREACHABLE; the
+   endpoint is closed all the same. */
 static inline void rf_prep_close(struct rf_sqe *sqe, uint32_t ep, uint8_t mode)
 {
     _rf_prep(sqe, RF_OP_CLOSE, mode, ep, 0, 0, NULL, 0, 0);

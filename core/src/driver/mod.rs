@@ -436,6 +436,19 @@ pub trait Driver: Send + fmt::Debug + 'static {
     /// allocate or block.
     fn flush(&mut self, ep: DriverEp, lanes: LaneMask, token: Token) -> Posted;
 
+    /// Whether the peer of `ep` is known gone: `Err` (e.g.
+    /// [`Status::PeerUnreachable`]) if it is. The engine asks where a
+    /// FLUSH or a graceful CLOSE completes without reaching the driver
+    /// (nothing was written since the last flush): a flush succeeds only
+    /// if the peer was alive when it completed, whether or not it had
+    /// anything to flush. Must be cheap (no allocation, no blocking; the
+    /// shm driver reads the peer's liveness word). The default knows
+    /// nothing, so says alive.
+    fn check_alive(&mut self, ep: DriverEp) -> Result<(), Status> {
+        let _ = ep;
+        Ok(())
+    }
+
     /// The end of a progress round: everything posted and flushed since the
     /// last call goes to the transport now, together (one `io_uring_enter`,
     /// one chained `ibv_post_send`, one batch of stream launches). Called

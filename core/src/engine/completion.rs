@@ -102,7 +102,8 @@ impl Engine {
     /// Completes a request that finished and applies what its result means
     /// for its endpoint: a fatal error fails it (R20); a graceful CLOSE's
     /// final flush closes it, and the close succeeds even if the endpoint
-    /// failed meanwhile (R34, R41).
+    /// failed meanwhile (R34, R41), unless its peer is dead
+    /// (`close_status`).
     pub(super) fn finish(&mut self, id: RequestId, e: usize, result: Result<u32, Status>) {
         let request = self.request(id);
         if matches!(request.opcode(), Opcode::FLUSH | Opcode::CLOSE) {
@@ -111,14 +112,36 @@ impl Engine {
             self.flush_ended(e, cleans, result);
         }
         if self.request(id).opcode() == Opcode::CLOSE {
+            let status = self.close_status(e, result);
             self.close_now(e);
-            return self.complete(id, Ok(0));
+            return self.complete(id, status);
         }
         self.complete(id, result);
         if let Err(status) = result {
             if is_fatal(status) {
                 self.fail_endpoint(e, status);
             }
+        }
+    }
+
+    /// The result of a graceful CLOSE of endpoint `e` whose final flush
+    /// ended with `flushed`: success (R34: even on a failed endpoint),
+    /// except where the peer is known dead: a close, like a flush,
+    /// succeeds only if the peer was alive when it completed, so it fails
+    /// with [`Status::PeerUnreachable`] (the endpoint is closed all the
+    /// same). This overrides R34 for that one status.
+    pub(super) fn close_status(
+        &self,
+        e: usize,
+        flushed: Result<u32, Status>,
+    ) -> Result<u32, Status> {
+        let ep = &self.endpoints[e];
+        let dead = flushed == Err(Status::PeerUnreachable)
+            || (ep.state == EpState::Failed && ep.error() == Status::PeerUnreachable);
+        if dead {
+            Err(Status::PeerUnreachable)
+        } else {
+            Ok(0)
         }
     }
 
@@ -143,8 +166,10 @@ impl Engine {
         }
         while let Some(id) = self.pop_head(e) {
             if self.request(id).opcode() == Opcode::CLOSE {
-                // R34: the close of a failed endpoint succeeds.
-                self.complete(id, Ok(0));
+                // R34: the close of a failed endpoint succeeds, unless the
+                // peer is dead (`close_status`).
+                let closed = self.close_status(e, Ok(0));
+                self.complete(id, closed);
             } else {
                 self.complete(id, Err(status));
             }

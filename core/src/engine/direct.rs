@@ -306,8 +306,17 @@ impl Engine {
         // `extends_run` tries the kept lookups first (`starts_as_run`).
         let admitted = self.extends_run(sqe, 0, sqe.endpoint) && self.resolved.execute;
         let q = &mut self.queues[qi];
-        if !admitted || self.shut_down || q.broken || !matches!(q.sq.ready(), Ok(0)) {
+        if self.shut_down || q.broken || !matches!(q.sq.ready(), Ok(0)) {
             return None;
+        }
+        if !admitted {
+            // A failed endpoint (a dead peer, say) fails it here as intake
+            // would, with its sticky first error: its one completion (R31,
+            // R32).
+            return match self.endpoints.get(sqe.endpoint as usize) {
+                Some(ep) if ep.state == EpState::Failed => Some(Err(ep.error())),
+                _ => None,
+            };
         }
         let e = sqe.endpoint as usize;
         if self.execute_ops(e, std::slice::from_ref(sqe)) == 0 {

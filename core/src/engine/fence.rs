@@ -18,9 +18,11 @@ impl Engine {
                 return self.force_close(id, e);
             }
             Opcode::CLOSE if self.endpoints[e].state == EpState::Failed => {
-                // R34: closing a failed endpoint succeeds at once.
+                // R34: closing a failed endpoint succeeds at once (but not
+                // that of a dead peer: `close_status`).
+                let status = self.close_status(e, Ok(0));
                 self.close_now(e);
-                return self.complete(id, Ok(0));
+                return self.complete(id, status);
             }
             Opcode::CLOSE => self.endpoints[e].state = EpState::Closing,
             _ => {}

@@ -26,10 +26,16 @@ impl Engine {
                 let cleans = ep.dirty;
                 let mask = ep.dirty | ep.flushing | self.cold[e].covered;
                 if mask == 0 {
+                    // Nothing to flush, but it still succeeds only if the
+                    // peer is alive.
+                    let alive = self.check_alive(e);
                     if request.opcode() == Opcode::CLOSE {
+                        let status = self.close_status(e, alive);
                         self.close_now(e);
+                        self.complete(id, status);
+                        return Started::Gone;
                     }
-                    self.complete(id, Ok(0));
+                    self.finish(id, e, alive);
                     return Started::Gone;
                 }
                 let mask = self.normalize(e, mask);
@@ -79,6 +85,27 @@ impl Engine {
             }
             Posted::NoResource => Started::Blocked,
         }
+    }
+
+    /// Whether endpoint `e`'s peer is alive as far as its drivers know
+    /// ([`Driver::check_alive`], each lane group's): for a flush that has
+    /// nothing to flush.
+    fn check_alive(&mut self, e: usize) -> Result<u32, Status> {
+        let ep = &self.endpoints[e];
+        if !ep.has(MIXED) {
+            let driver_ep = crate::driver::DriverEp(ep.driver_ep);
+            return self.drivers[ep.driver as usize]
+                .check_alive(driver_ep)
+                .map(|()| 0);
+        }
+        for g in 0..self.cold[e].groups.len() {
+            let LaneGroup {
+                driver, driver_ep, ..
+            } = self.cold[e].groups[g];
+            let driver_ep = crate::driver::DriverEp(driver_ep);
+            self.drivers[driver as usize].check_alive(driver_ep)?;
+        }
+        Ok(0)
     }
 
     /// A user FLUSH or CLOSE of endpoint `e` (one with lanes on several

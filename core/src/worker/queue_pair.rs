@@ -68,6 +68,9 @@ impl QueuePair {
     /// (bytes, or the status its CQE would carry) is its one completion,
     /// and no CQE follows, whatever its flags. It is counted in the stats.
     ///
+    /// On a failed endpoint (a dead peer, say) it fails at once with the
+    /// endpoint's sticky first error, as the pushed SQE's CQE would.
+    ///
     /// `None`: nothing was done; push the SQE as usual.
     pub fn try_now(&mut self, sqe: &Sqe) -> Option<Result<u32, Status>> {
         if self.sq.pending() != 0 {

@@ -14,10 +14,12 @@
 //! version counter), and per-connection liveness flags.
 //!
 //! # Liveness
-//! A peer's connection socket is closed by the kernel when the peer process
-//! dies, however it dies (`SIGKILL` included), and `poll(2)` reports
-//! `POLLHUP` at once. On an outgoing connection that marks the endpoint
-//! dead: its next operation completes with [`Status::PeerUnreachable`]
+//! This thread owns the driver's liveness word (`sys::robust`): the kernel
+//! marks it when the thread ends, however it ends, before the process can
+//! be reaped, and peers read it on their data path. A peer's connection
+//! socket is closed by the kernel when the peer process dies (`SIGKILL`
+//! included), and `poll(2)` reports `POLLHUP` at once. Either marks an
+//! outgoing connection's endpoint dead: its next operation completes with [`Status::PeerUnreachable`]
 //! (fatal: the engine fails the endpoint and completes everything queued on
 //! it with the error), and the driver's next `poll` unmaps the peer's
 //! memory. On an incoming connection the channel is drained of what the
@@ -47,6 +49,7 @@ use crate::layout::{CHANNEL_AT, EXPORT_SLOTS, MAX_CHANNEL, MIN_CHANNEL};
 use crate::memfd;
 use crate::sys::fdpass;
 use crate::sys::region::SharedRegion;
+use crate::sys::robust;
 use crate::wire::{self, Message};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::eventfd::EventFd;
@@ -69,8 +72,48 @@ pub(crate) const MAX_INCOMING: usize = 4096;
 /// Whether an outgoing connection's peer is gone.
 #[derive(Debug, Default)]
 pub(crate) struct Liveness {
-    /// Set once, by the control thread (or by a failed control request).
+    /// Set once, by the control thread (or by a failed control request),
+    /// or by the data path when it finds the peer's liveness word marked.
     pub dead: AtomicBool,
+    /// The peer's status page and the offset of its liveness word
+    /// (`sys::robust`); `None` until connected.
+    peer: Option<(Arc<SharedRegion>, usize)>,
+}
+
+impl Liveness {
+    /// Liveness through the peer's liveness word at `at` in its status
+    /// page `page`.
+    pub(crate) fn new(page: Arc<SharedRegion>, at: usize) -> Liveness {
+        Liveness {
+            dead: AtomicBool::new(false),
+            peer: Some((page, at)),
+        }
+    }
+
+    /// What the peer's liveness word says now (`Unarmed` before connect).
+    #[inline]
+    pub(crate) fn word(&self) -> robust::Word {
+        match &self.peer {
+            Some((page, at)) => page.word32(*at).map_or(robust::Word::Unarmed, robust::read),
+            None => robust::Word::Unarmed,
+        }
+    }
+
+    /// Whether the peer is known gone: its hang-up was seen, or its
+    /// liveness word is marked (then `dead` is set too, so the rest of the
+    /// driver sees it). No system call: two loads.
+    #[inline]
+    pub(crate) fn gone(&self) -> bool {
+        // Acquire: pairs with the control thread's store on hang-up.
+        if self.dead.load(Ordering::Acquire) {
+            return true;
+        }
+        if self.word() == robust::Word::Gone {
+            self.dead.store(true, Ordering::Release);
+            return true;
+        }
+        false
+    }
 }
 
 /// An outgoing connection's socket to watch for a hang-up (a duplicate of
@@ -148,6 +191,10 @@ enum Close {
 
 /// The thread's body: runs until `shared.stop`.
 pub(crate) fn run(shared: &Shared, listener: &OwnedFd) {
+    // Before any peer can connect (this thread accepts): peers read the
+    // word as alive while this thread runs, and gone once it has ended,
+    // whether it returned or its process was killed.
+    let _liveness = robust::Armed::arm(shared.status.liveness());
     let mut incoming: Vec<Incoming> = Vec::new();
     let mut channels: Vec<Arc<Inbound>> = Vec::new();
     let mut watches: Vec<Watch> = Vec::new();

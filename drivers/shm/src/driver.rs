@@ -5,13 +5,16 @@ use crate::channel::{self, Inbound, Producer};
 use crate::control::{self, Liveness, Shared, Watch};
 use crate::export::{self, Backing, Export, ExportTable, StatusPage};
 use crate::key::KeyBlob;
-use crate::layout::{CHANNEL_AT, CMA_ACTIVE_AT, EXPORT_SLOTS, MAX_CHANNEL, MIN_CHANNEL};
+use crate::layout::{
+    CHANNEL_AT, CMA_ACTIVE_AT, EXPORT_SLOTS, MAX_CHANNEL, MIN_CHANNEL, liveness_at, status_page_len,
+};
 use crate::memfd;
 use crate::sys::alloc::ShmAlloc;
 use crate::sys::fdpass;
 use crate::sys::hot::HotKey;
 use crate::sys::region::SharedRegion;
 use crate::sys::rma;
+use crate::sys::robust::Word;
 use crate::wire::{self, KeyPath, Message};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::eventfd::{EfdFlags, EventFd};
@@ -160,6 +163,20 @@ impl ShmBuilder {
             hot: None,
             revoked_cma: Vec::new(),
         })
+    }
+}
+
+impl Conn {
+    /// Whether the peer is alive now, as a flush must know it: its
+    /// liveness word says so (one load); a peer whose word is not armed is
+    /// asked through its socket instead (one system call, only then).
+    fn peer_alive(&self) -> bool {
+        match self.liveness.word() {
+            _ if self.liveness.gone() => false,
+            Word::Alive => true,
+            Word::Unarmed => socket_open(&self.socket),
+            Word::Gone => false,
+        }
     }
 }
 
@@ -348,7 +365,7 @@ impl Shm {
         let hot = self.hot.as_ref().filter(|hot| hot.ep == ep.0)?;
         // Acquire: as in the full path, once per run; the full path
         // reports a dead peer.
-        if hot.liveness.dead.load(Ordering::Acquire) {
+        if hot.liveness.gone() {
             return None;
         }
         let n = ops.len().min(results.len());
@@ -393,7 +410,7 @@ impl Shm {
         // run takes its mappings with it only when `poll` releases them,
         // after this call.
         let maps = match conn.maps.as_ref() {
-            Some(maps) if !conn.liveness.dead.load(Ordering::Acquire) => maps,
+            Some(maps) if !conn.liveness.gone() => maps,
             _ => {
                 *first = Err(Status::PeerUnreachable);
                 return 1;
@@ -485,11 +502,20 @@ impl Shm {
                 // SeqCst store then SeqCst load: Dekker with the target's
                 // `revoke` + guard check (see `layout`).
                 guard.store(u64::from(key.slot) + 1, Ordering::SeqCst);
+                // The peer's pid names it only while it lives (a reaped
+                // pid can be reused): liveness is asked right before the
+                // system call, and again after it, so an access that
+                // overlapped the peer's death does not report success.
                 let result =
-                    if export::is_live(&maps.status, key.slot, key.generation, Ordering::SeqCst) {
-                        rma::cma(conn.peer_pid, addr, op)
-                    } else {
+                    if !export::is_live(&maps.status, key.slot, key.generation, Ordering::SeqCst) {
                         Err(Status::AccessDenied)
+                    } else if conn.liveness.gone() {
+                        Err(Status::PeerUnreachable)
+                    } else {
+                        match rma::cma(conn.peer_pid, addr, op) {
+                            Ok(_) if conn.liveness.gone() => Err(Status::PeerUnreachable),
+                            result => result,
+                        }
                     };
                 // Release: the access is over before the target may reuse
                 // the memory; pairs with the SeqCst load in `deregister`.
@@ -545,6 +571,19 @@ impl Drop for Shm {
                 tracing::error!("shm control thread panicked");
             }
         }
+    }
+}
+
+/// Whether a connection socket is still open at the peer's end (a
+/// zero-timeout `poll`: no hang-up, no error).
+fn socket_open(socket: &OwnedFd) -> bool {
+    // Hang-up and errors are always reported; nothing else is asked.
+    let mut pfd = [PollFd::new(socket.as_fd(), PollFlags::empty())];
+    match poll(&mut pfd, PollTimeout::ZERO) {
+        Ok(_) => !pfd[0].revents().is_some_and(|r| {
+            r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR | PollFlags::POLLNVAL)
+        }),
+        Err(_) => false,
     }
 }
 
@@ -664,7 +703,7 @@ impl Driver for Shm {
                 "bad export slot count from the shm peer",
             ));
         }
-        let status_len = u64::from(export_slots) * 8;
+        let status_len = status_page_len(export_slots);
         memfd::check(&status_fd, status_len)
             .map_err(|e| err(Status::Transport, format!("the peer's status page: {e}")))?;
         let status_map = SharedRegion::map(status_fd.as_fd(), 0, status_len as usize, false)
@@ -674,12 +713,26 @@ impl Driver for Shm {
                     format!("mapping the peer's status page: {e}"),
                 )
             })?;
+        let status_map = Arc::new(status_map);
+        // From here on the peer's liveness word speaks for it (the socket
+        // too, through the control thread). A peer whose driver already
+        // ended is refused now.
+        conn.liveness = Arc::new(Liveness::new(
+            status_map.clone(),
+            liveness_at(export_slots) as usize,
+        ));
+        if conn.liveness.gone() {
+            return Err(err(
+                Status::PeerUnreachable,
+                "the shm peer's driver has ended",
+            ));
+        }
         conn.peer_instance = instance;
         conn.doorbell = Some(doorbell);
         conn.peer_notify_size = notify_size;
         conn.maps = Some(ConnMaps {
             channel: Producer::new(page, self.channel_bytes),
-            status: Arc::new(status_map),
+            status: status_map,
         });
 
         // Watch the socket for the peer's death.
@@ -824,7 +877,7 @@ impl Driver for Shm {
             .get_mut(ep.0 as usize)
             .and_then(Option::as_mut)
             .ok_or_else(|| err(Status::InvalidEndpoint, "not connected"))?;
-        if conn.liveness.dead.load(Ordering::Acquire) || conn.maps.is_none() {
+        if conn.liveness.gone() || conn.maps.is_none() {
             return Err(err(Status::PeerUnreachable, "the shm peer is gone"));
         }
         if key.instance != conn.peer_instance {
@@ -911,8 +964,7 @@ impl Driver for Shm {
         let Some(conn) = self.conns.get_mut(ep.0 as usize).and_then(Option::as_mut) else {
             return Posted::Done(Err(Status::EndpointClosed));
         };
-        // Acquire: pairs with the control thread's store on hang-up.
-        if conn.liveness.dead.load(Ordering::Acquire) {
+        if conn.liveness.gone() {
             return Posted::Done(Err(Status::PeerUnreachable));
         }
         if op.lane >= conn.lanes {
@@ -950,15 +1002,32 @@ impl Driver for Shm {
         let Some(conn) = self.conns.get(ep.0 as usize).and_then(Option::as_ref) else {
             return Posted::Done(Err(Status::EndpointClosed));
         };
-        if conn.liveness.dead.load(Ordering::Acquire) {
-            return Posted::Done(Err(Status::PeerUnreachable));
-        }
         // Every operation already ran to completion in `post`: the copies
         // are in the peer's memory. The SeqCst fence (MFENCE) orders them,
         // including weakly ordered stores a large memcpy may have used,
-        // before anything this process does after the flush completes.
+        // before anything this process does after the flush completes, and
+        // before the liveness check below.
         fence(Ordering::SeqCst);
-        Posted::Done(Ok(0))
+        // A flush succeeds only if the peer was alive when it completed
+        // (the crate docs' Liveness): its liveness word is read after the
+        // copies were ordered.
+        if conn.peer_alive() {
+            Posted::Done(Ok(0))
+        } else {
+            conn.liveness.dead.store(true, Ordering::Release);
+            Posted::Done(Err(Status::PeerUnreachable))
+        }
+    }
+
+    fn check_alive(&mut self, ep: DriverEp) -> Result<(), Status> {
+        match self.conns.get(ep.0 as usize).and_then(Option::as_ref) {
+            Some(conn) if conn.peer_alive() => Ok(()),
+            Some(conn) => {
+                conn.liveness.dead.store(true, Ordering::Release);
+                Err(Status::PeerUnreachable)
+            }
+            None => Err(Status::EndpointClosed),
+        }
     }
 
     fn poll(&mut self, _out: &mut [Completion]) -> usize {
@@ -1031,10 +1100,7 @@ impl DirectPath for Shm {
         if let Some(hot) = &self.hot {
             if let Some((rkey, addr)) = op.remote {
                 // Acquire on `dead`: as in `execute_hot`.
-                if hot.ep == ep.0
-                    && rkey == hot.rkey
-                    && op.lane < hot.lanes
-                    && !hot.liveness.dead.load(Ordering::Acquire)
+                if hot.ep == ep.0 && rkey == hot.rkey && op.lane < hot.lanes && !hot.liveness.gone()
                 {
                     if let Some(result) = hot.access(op, addr) {
                         return Some(result);

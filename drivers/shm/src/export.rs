@@ -3,7 +3,7 @@
 //! export status page (one word per slot that peers check before every
 //! access, so a deregistered export is refused from then on).
 
-use crate::layout::{EXPORT_SLOTS, STATUS_PAGE_SIZE};
+use crate::layout::{EXPORT_SLOTS, LINE, liveness_at, status_page_len};
 use crate::memfd;
 use crate::sys::alloc::ShmAlloc;
 use crate::sys::region::SharedRegion;
@@ -13,7 +13,7 @@ use ringfence_ring::Status;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// What backs an export.
 #[derive(Debug, Clone)]
@@ -119,8 +119,9 @@ impl StatusPage {
     /// # Errors
     /// A system call failed.
     pub(crate) fn new() -> io::Result<StatusPage> {
-        let fd = memfd::create("ringfence-shm-exports", STATUS_PAGE_SIZE)?;
-        let map = SharedRegion::map(fd.as_fd(), 0, STATUS_PAGE_SIZE as usize, true)?;
+        let len = status_page_len(EXPORT_SLOTS);
+        let fd = memfd::create("ringfence-shm-exports", len)?;
+        let map = SharedRegion::map(fd.as_fd(), 0, len as usize, true)?;
         memfd::seal(
             fd.as_fd(),
             memfd::RESIZE_SEALS.union(SealFlag::F_SEAL_FUTURE_WRITE),
@@ -135,7 +136,15 @@ impl StatusPage {
     }
 
     fn word(&self, slot: u32) -> Option<&AtomicU64> {
-        self.map.word(slot as usize * 8)
+        // Only slot words: the liveness word follows them.
+        (slot < EXPORT_SLOTS).then(|| self.map.word(slot as usize * 8))?
+    }
+
+    /// This driver's liveness word (see `layout` and `sys::robust`).
+    pub(crate) fn liveness(&self) -> &AtomicU32 {
+        self.map
+            .word32(liveness_at(EXPORT_SLOTS) as usize)
+            .expect("the status page holds its liveness word")
     }
 
     /// Marks `slot` live with `generation`. Release: the export's table
@@ -160,7 +169,11 @@ impl StatusPage {
 /// `generation` is live. `order` is Acquire for mapped access and SeqCst
 /// around cross memory attach (see `layout`).
 pub(crate) fn is_live(page: &SharedRegion, slot: u32, generation: u32, order: Ordering) -> bool {
-    page.word(slot as usize * 8)
+    // Only slot words, never the liveness line after them.
+    let slots = (page.len() as u64).saturating_sub(LINE as u64) / 8;
+    (u64::from(slot) < slots)
+        .then(|| page.word(slot as usize * 8))
+        .flatten()
         .is_some_and(|w| w.load(order) == u64::from(generation))
 }
 
@@ -203,8 +216,15 @@ mod tests {
     fn the_status_page_is_read_only_for_peers() {
         let page = StatusPage::new().unwrap();
         page.set_live(3, 9);
-        let peer = SharedRegion::map(page.fd(), 0, STATUS_PAGE_SIZE as usize, false).unwrap();
+        let len = status_page_len(EXPORT_SLOTS) as usize;
+        let peer = SharedRegion::map(page.fd(), 0, len, false).unwrap();
         assert!(is_live(&peer, 3, 9, Ordering::Acquire));
+        // The liveness word is not a slot, whatever it holds.
+        page.liveness().store(7, Ordering::Release);
+        let at = liveness_at(EXPORT_SLOTS) as usize;
+        assert_eq!(peer.word32(at).unwrap().load(Ordering::Acquire), 7);
+        assert!(!is_live(&peer, EXPORT_SLOTS, 7, Ordering::Acquire));
+        assert!(!is_live(&peer, EXPORT_SLOTS + 1, 0, Ordering::Acquire));
         assert!(!is_live(&peer, 3, 8, Ordering::Acquire));
         assert!(
             !is_live(&peer, EXPORT_SLOTS, 0, Ordering::Acquire),

@@ -11,6 +11,7 @@
 //! | `ConnPage::wake` | target's control thread (arms when its worker stops polling, disarms when it polls again) | initiator, after publishing a record | Relaxed, each side fenced by SeqCst | store-buffering: either the initiator sees `NEED_WAKEUP` and rings the doorbell, or the control thread, after arming, sees the record and drains it |
 //! | `ConnPage::cma_active` | initiator, around each cross-memory-attach access | target's `deregister` | SeqCst store / SeqCst load, against SeqCst store / load of the status word | Dekker: either the initiator sees the key revoked, or the target waits for the access to end |
 //! | status word of slot `s` | target (`register`, `deregister`) | initiator, before every access with a key of slot `s` | Release or SeqCst store / Acquire or SeqCst load | the export's bounds were set before it is live |
+//! | liveness word (status page, after the slots) | target's control thread (its id, once; `OWNER_DIED` when it ends), or the kernel as that thread exits (`OWNER_DIED`, a locked cmpxchg) | initiator, before every operation and after every flush's fence | Release store / Acquire load | the thread's death happens before its process can be reaped: a peer that loads the word after the reap sees it marked |
 
 use static_assertions::const_assert_eq;
 
@@ -98,5 +99,15 @@ pub(crate) const KIND_PAD: u32 = 2;
 /// `F_SEAL_FUTURE_WRITE`, so no process can map it writable again). Word
 /// `s` is the generation of the live export in slot `s`, or 0.
 pub(crate) const EXPORT_SLOTS: u32 = 1 << 16;
-/// Its size in bytes.
-pub(crate) const STATUS_PAGE_SIZE: u64 = EXPORT_SLOTS as u64 * 8;
+/// After the slot words of a status page of `slots` slots: the target's
+/// **liveness word**, a `u32` on its own line that the kernel marks when
+/// the target's control thread ends (`sys::robust`). A peer reads it from
+/// its read-only mapping before every operation and after every flush.
+pub(crate) const fn liveness_at(slots: u32) -> u64 {
+    slots as u64 * 8
+}
+/// The status page's full length for `slots` slots: the slot words, then
+/// one line holding the liveness word.
+pub(crate) const fn status_page_len(slots: u32) -> u64 {
+    liveness_at(slots) + LINE as u64
+}

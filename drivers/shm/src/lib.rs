@@ -77,16 +77,44 @@
 //! the table of every shared word.
 //!
 //! # Liveness
-//! The connection socket is the liveness signal: the kernel closes it when
-//! the peer dies, however it dies, and the control thread sees the hang-up
-//! at once. The endpoint's next operation then completes with
-//! [`Status::PeerUnreachable`](ringfence_ring::Status::PeerUnreachable), which the engine treats as fatal (every
-//! request queued on the endpoint completes with the error), and the next
-//! `poll` unmaps the peer's memory. A PUT that lands between the peer's
-//! death and its detection succeeds: it writes the dead peer's memfd, which
-//! stays valid while mapped. A successful completion means the bytes
-//! reached the target's memory, not that the target process will read them
-//! (as with RDMA).
+//! Each driver's control thread owns a **liveness word** in the driver's
+//! export status page, which every peer maps read-only: the thread stores
+//! its id there and puts the word on its robust futex list
+//! (`set_robust_list(2)`), so the kernel itself marks the word when the
+//! thread ends, however it ends (`SIGKILL`, a crash, `execve`, or the
+//! worker dropped). The kernel does so while the dying process still has
+//! its memory, before the process can become a zombie, so a peer that
+//! looks after `waitpid` has reaped the target always sees the mark. (A
+//! pidfd says the same but costs a system call per look; the word costs
+//! one load, so the data path looks at every operation.)
+//!
+//! - Every PUT, GET, ATOMIC, NOTIFY and `try_now` reads the word before it
+//!   starts (a run of PUTs and GETs once per run); a marked word fails it
+//!   with [`Status::PeerUnreachable`](ringfence_ring::Status::PeerUnreachable),
+//!   which the engine treats as fatal: every request on the endpoint,
+//!   queued or later, `try_now` included, completes with that status,
+//!   exactly once each. A cross-memory-attach access also looks right
+//!   before and right after its system call (a reaped pid can be reused).
+//! - A FLUSH, the flush behind a strong fence or a NOTIFY, and a graceful
+//!   CLOSE read the word after the SeqCst fence that orders the copies
+//!   (also when nothing was written since the last flush:
+//!   [`Driver::check_alive`](ringfence::Driver::check_alive)), and succeed
+//!   only if it says alive. **What a successful FLUSH promises:** every
+//!   write before it was in the target's memory (the mapped memfd) while
+//!   the target's worker was still alive. If the target dies just after,
+//!   nothing says it read them; as with RDMA, remote completion is not
+//!   application-level delivery. A CLOSE of a dead peer completes with
+//!   `PeerUnreachable`, and the endpoint is closed all the same.
+//! - The connection socket is watched too: the kernel closes it when the
+//!   peer dies, the control thread sees the hang-up and marks the endpoint
+//!   dead, and the next `poll` unmaps the peer's memory.
+//!
+//! A PUT that starts before the target dies and lands while it dies
+//! succeeds (it writes the memfd, which stays valid while mapped); the
+//! next flush fails. Where the kernel refuses `set_robust_list` (a seccomp
+//! filter), the word stays unarmed, a warning is logged, a flush asks the
+//! socket instead (one `poll`), and operations learn of a death from the
+//! control thread's hang-up, a few microseconds to a tick later.
 //!
 //! # Security
 //! A peer maps only memfds of allocations explicitly registered and whose

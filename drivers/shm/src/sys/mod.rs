@@ -17,3 +17,4 @@ pub(crate) mod fdpass;
 pub(crate) mod hot;
 pub(crate) mod region;
 pub(crate) mod rma;
+pub(crate) mod robust;

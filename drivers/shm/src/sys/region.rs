@@ -1,12 +1,12 @@
 //! Shared mappings of memfds, read and written only through raw copies and
 //! atomics (another process writes them at any time, so no Rust reference
-//! to their bytes is ever made, except `&AtomicU64` to words every process
+//! to their bytes is ever made, except `&AtomicU64`/`&AtomicU32` to words every process
 //! accesses atomically).
 
 use memmap2::{MmapOptions, MmapRaw};
 use std::io;
 use std::os::fd::BorrowedFd;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU32, AtomicU64};
 
 /// A mapping of `[offset, offset + len)` of a memfd, shared with whoever
 /// else maps it.
@@ -76,6 +76,16 @@ impl SharedRegion {
         // words of our shared layouts atomically; a peer that does not can
         // only give us garbage values, which every reader validates.
         Some(unsafe { AtomicU64::from_ptr(ptr.cast::<u64>()) })
+    }
+
+    /// The 4-byte word at `offset` (4-aligned, inside), as an atomic.
+    pub(crate) fn word32(&self, offset: usize) -> Option<&AtomicU32> {
+        if offset % 4 != 0 {
+            return None;
+        }
+        let ptr = self.ptr_at(offset as u64, 4)?;
+        // SAFETY: as in `word`, for a 4-aligned 4-byte word.
+        Some(unsafe { AtomicU32::from_ptr(ptr.cast::<u32>()) })
     }
 
     /// Copies `out.len()` bytes at `offset` out; `false` (nothing copied)
