@@ -1393,6 +1393,18 @@ impl Driver for Tcp {
         Posted::InFlight
     }
 
+    /// What the driver knows without a round trip: a connection that
+    /// failed (a reset, a hang-up, a peer's error) says so.
+    fn check_alive(&mut self, ep: DriverEp) -> Result<(), Status> {
+        match self.ep_mut(ep) {
+            None => Err(Status::InvalidEndpoint),
+            Some(endpoint) => match endpoint.state {
+                EpState::Failed(status) => Err(status),
+                _ => Ok(()),
+            },
+        }
+    }
+
     fn flush(&mut self, ep: DriverEp, lanes: LaneMask, token: Token) -> Posted {
         let Some(endpoint) = self.ep_mut(ep) else {
             return Posted::Done(Err(Status::InvalidEndpoint));
