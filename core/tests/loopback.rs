@@ -1034,7 +1034,8 @@ fn store_u64_is_one_word_a_peer_reads() {
 
 /// A FLUSH succeeds only if the peer is alive when it completes, even
 /// with nothing to flush (`Driver::check_alive`); so does a graceful
-/// CLOSE, which closes the endpoint all the same. Over a peer that lives,
+/// CLOSE, which closes the endpoint all the same; a FENCE on the failed
+/// endpoint fails too. Over a peer that lives,
 /// both succeed.
 #[test]
 fn a_flush_with_nothing_to_flush_fails_once_the_peer_is_gone() {
@@ -1056,6 +1057,10 @@ fn a_flush_with_nothing_to_flush_fails_once_the_peer_is_gone() {
         } = p;
         drop(target);
         let c = run(&initiator, &mut qp, &[flush], 1);
+        assert_eq!(c[0].res, Status::PeerUnreachable.as_raw(), "{over:?}");
+        // The endpoint failed with it: a FENCE there fails the same way.
+        let fence = Sqe::fence(e, ringfence_ring::FenceMode::ORDER).with_user_data(3);
+        let c = run(&initiator, &mut qp, &[fence], 1);
         assert_eq!(c[0].res, Status::PeerUnreachable.as_raw(), "{over:?}");
         let close = Sqe::close(e, ringfence_ring::CloseMode::GRACEFUL).with_user_data(2);
         let c = run(&initiator, &mut qp, &[close], 1);
