@@ -328,7 +328,7 @@ fn every_invalid_sqe_gets_its_own_status_and_writes_nothing() {
         let cases: Vec<(Sqe, Status)> = vec![
             (bad_opcode, Status::InvalidOpcode),
             (bad_flags, Status::InvalidFlags),
-            (reserved, Status::InvalidFlags),
+            (reserved, Status::InvalidArgument),
             (bad_subop, Status::InvalidSubop),
             (put_subop, Status::InvalidSubop),
             (
