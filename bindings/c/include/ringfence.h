@@ -817,21 +817,23 @@ int rf_rkey_bounds(rf_worker_t worker, uint32_t ep, uint32_t rkey, uint64_t *bas
  * `rf_rkey_pack`) into a remote key id for SQEs on endpoint `ep`
  * (`rkey`); stores it in `*rkey`.
  *
- * Returns 0; `RF_EINVALID_ARGUMENT` for NULL pointers or a malformed blob;
- * `RF_EINVALID_RKEY` if the endpoint's driver refuses the key (its part
- * is malformed or names no region it can reach); `RF_EINVALID_LENGTH` for a zero `len` or one over `RF_MAX_BLOB`;
- * `RF_EINVALID_ENDPOINT`; the target's refusal (`RF_EACCESS_DENIED` for a
- * wrong secret); `RF_ESTALE_HANDLE`.
+ * The whole blob is checked first, field by field and against its
+ * integrity check (a CRC-32C), so that a damaged one is refused before
+ * anything is sent to the target.
+ *
+ * Returns 0; `RF_EINVALID_ARGUMENT` for NULL pointers, or a blob that is
+ * malformed or damaged (a flipped bit, cut short, bytes after its end),
+ * its driver's part included; `RF_EINVALID_RKEY` if the endpoint's
+ * driver refuses the key (it belongs to another peer, or names no region
+ * the target exports with those bounds); `RF_EINVALID_LENGTH` for a zero
+ * `len` or one over `RF_MAX_BLOB`; `RF_EINVALID_ENDPOINT`; the target's
+ * refusal (`RF_EACCESS_DENIED` for a wrong secret); `RF_ESTALE_HANDLE`.
  *
  * # Safety
  * - `blob` is NULL or points to `len` readable bytes.
  * - `rkey` is NULL or points to a writable `uint32_t`.
  */
-int rf_rkey_unpack(rf_worker_t worker,
-                   uint32_t ep,
-                   const void *blob,
-                   size_t len,
-                   uint32_t *rkey);
+int rf_rkey_unpack(rf_worker_t worker, uint32_t ep, const void *blob, size_t len, uint32_t *rkey);
 
 /**
  * Creates a ring (one SQ of `sq_entries` and one CQ of `cq_entries`; 0
@@ -1051,8 +1053,10 @@ int rf_worker_address(rf_worker_t worker, void *buf, size_t cap, size_t *len);
  * submitted meanwhile queue in order and start once it is up, or each
  * completes with the handshake's error. `rf_ep_state` tells where it is.
  *
- * Returns 0; `RF_EINVALID_ARGUMENT` for NULL pointers or a malformed
- * address; `RF_EINVALID_LENGTH` for a zero `len` or one over
+ * Returns 0; `RF_EINVALID_ARGUMENT` for NULL pointers, or an address
+ * that is malformed or damaged (it fails its integrity check: a flipped
+ * bit, cut short, bytes after its end); `RF_EINVALID_LENGTH` for a zero
+ * `len` or one over
  * `RF_MAX_BLOB`; `RF_EPEER_UNREACHABLE` if no driver is shared or the peer
  * is known unreachable at once; `RF_ESTALE_HANDLE`.
  *
