@@ -35,6 +35,17 @@ pub enum Error {
         #[source]
         source: crate::driver::DriverError,
     },
+    /// A blob from a peer (a worker address, a packed remote key) is
+    /// malformed or damaged (it fails its integrity check): refused as it
+    /// is decoded, before anything is sent to the peer. Its status is
+    /// [`Status::InvalidArgument`].
+    #[error("{op} failed: {what}")]
+    Malformed {
+        /// What was being done.
+        op: &'static str,
+        /// What is wrong with the blob.
+        what: &'static str,
+    },
     /// A call failed with a status.
     #[error("{op} failed: {status}")]
     Status {
@@ -64,9 +75,10 @@ impl Error {
     /// The status a C caller would see.
     pub fn status(&self) -> Status {
         match self {
-            Error::Config { .. } | Error::InvalidConfig(_) | Error::Drivers(_) => {
-                Status::InvalidArgument
-            }
+            Error::Config { .. }
+            | Error::InvalidConfig(_)
+            | Error::Drivers(_)
+            | Error::Malformed { .. } => Status::InvalidArgument,
             Error::Driver { source, .. } => source.status,
             Error::Status { status, .. } => *status,
             Error::Unsupported(_) => Status::Unsupported,

@@ -59,6 +59,7 @@
 )]
 #![warn(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 
+mod checksum;
 mod config;
 mod driver;
 mod endpoint;
@@ -75,6 +76,7 @@ mod stats;
 mod sys;
 mod worker;
 
+pub use checksum::reseal;
 pub use config::Config;
 pub use driver::{
     Capabilities, Completion, Connect, DirectPath, Driver, DriverContext, DriverEp, DriverError,

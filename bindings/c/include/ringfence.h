@@ -235,7 +235,8 @@
 #define RF_EINVALID_OPCODE -4097
 
 /**
- * An unknown SQE flag, or a reserved field is not zero.
+ * An SQE flag bit this version does not define. (A non-zero reserved or
+ * unused SQE field is `RF_EINVALID_ARGUMENT`.)
  */
 #define RF_EINVALID_FLAGS -4098
 
@@ -316,7 +317,9 @@
 
 /**
  * An invalid argument: a NULL pointer, a bad value, a handle of the
- * wrong kind.
+ * wrong kind, a malformed or damaged address or key blob, a non-zero
+ * reserved field, or an SQE field its opcode does not use that is not
+ * zero.
  */
 #define RF_EINVALID_ARGUMENT -22
 
@@ -370,7 +373,21 @@ typedef uint64_t rf_worker_t;
 /**
  * A submission queue entry: one operation, exactly 64 bytes. The same
  * layout as the Rust `ringfence_ring::Sqe` (asserted on both sides). Fill
- * it with the `rf_prep_*` helpers; reserved fields must be zero.
+ * it with the `rf_prep_*` helpers, which write all 64 bytes.
+ *
+ * Every field the opcode does not use must be zero, so that a later
+ * version can give it a meaning: the SQE otherwise completes with
+ * `RF_EINVALID_ARGUMENT` and does nothing. The reserved fields are used by
+ * no opcode. A flag bit this version does not define is
+ * `RF_EINVALID_FLAGS`; a `subop` where the opcode takes none (PUT, GET,
+ * NOTIFY, NOP) or an unknown one is `RF_EINVALID_SUBOP`. Besides `opcode`,
+ * `flags` and `user_data`: PUT and GET use `endpoint`, `len`, `local_*`,
+ * `rkey`, `remote_addr`; ATOMIC uses `subop`, `endpoint`, `len`, `rkey`,
+ * `remote_addr`, `operand`, `local_*` unless ADD, `operand2` for CSWAP
+ * only; FENCE and CLOSE `subop` and `endpoint`; FLUSH `subop`, and
+ * `endpoint` for `RF_FLUSH_ENDPOINT` (a worker flush's non-zero endpoint
+ * is `RF_EINVALID_ENDPOINT`); NOTIFY `endpoint`, `len`, `local_*` and
+ * `operand` (the tag); NOP nothing.
  */
 struct RF_ALIGNED(64) rf_sqe {
   /**
@@ -383,46 +400,50 @@ struct RF_ALIGNED(64) rf_sqe {
   uint8_t flags;
   /**
    * `RF_ATOMIC_*` of an ATOMIC, `RF_FENCE_*` of a FENCE, `RF_CLOSE_*`
-   * of a CLOSE; zero otherwise.
+   * of a CLOSE, `RF_FLUSH_*` of a FLUSH; zero otherwise (else
+   * `RF_EINVALID_SUBOP`).
    */
   uint8_t subop;
   /**
-   * Reserved; zero.
+   * Reserved; zero (else `RF_EINVALID_ARGUMENT`).
    */
   uint8_t reserved0;
   /**
-   * The endpoint id (from `rf_ep_connect`); NOP ignores it.
+   * The endpoint id (from `rf_ep_connect`); zero for a NOP and a worker
+   * flush.
    */
   uint32_t endpoint;
   /**
-   * Bytes to move (PUT, GET, NOTIFY); 8 for ATOMIC.
+   * Bytes to move (PUT, GET, NOTIFY); 8 for ATOMIC; zero otherwise.
    */
   uint32_t len;
   /**
    * Local memory handle of `local_addr` (from `rf_mem_register` or
-   * `rf_mem_alloc`).
+   * `rf_mem_alloc`); zero where that is.
    */
   uint32_t local_mem;
   /**
    * Local address: PUT source, GET destination, the fetched value of an
-   * atomic, the NOTIFY payload.
+   * atomic other than ADD, the NOTIFY payload; zero otherwise.
    */
   uint64_t local_addr;
   /**
-   * Remote address of PUT, GET and ATOMIC.
+   * Remote address of PUT, GET and ATOMIC; zero otherwise.
    */
   uint64_t remote_addr;
   /**
-   * Remote key id of `remote_addr` (from `rf_rkey_unpack`).
+   * Remote key id of `remote_addr` (from `rf_rkey_unpack`); zero where
+   * that is.
    */
   uint32_t rkey;
   /**
-   * Reserved; zero.
+   * Reserved; zero (else `RF_EINVALID_ARGUMENT`).
    */
   uint32_t reserved1;
   /**
    * ATOMIC operand: the addend, the new value of SWAP, the compare value
-   * of CSWAP.
+   * of CSWAP. NOTIFY: the tag (the `user_data` of the target's CQE).
+   * Zero otherwise.
    */
   uint64_t operand;
   /**
@@ -796,21 +817,23 @@ int rf_rkey_bounds(rf_worker_t worker, uint32_t ep, uint32_t rkey, uint64_t *bas
  * `rf_rkey_pack`) into a remote key id for SQEs on endpoint `ep`
  * (`rkey`); stores it in `*rkey`.
  *
- * Returns 0; `RF_EINVALID_ARGUMENT` for NULL pointers or a malformed blob;
- * `RF_EINVALID_RKEY` if the endpoint's driver refuses the key (its part
- * is malformed or names no region it can reach); `RF_EINVALID_LENGTH` for a zero `len` or one over `RF_MAX_BLOB`;
- * `RF_EINVALID_ENDPOINT`; the target's refusal (`RF_EACCESS_DENIED` for a
- * wrong secret); `RF_ESTALE_HANDLE`.
+ * The whole blob is checked first, field by field and against its
+ * integrity check (a CRC-32C), so that a damaged one is refused before
+ * anything is sent to the target.
+ *
+ * Returns 0; `RF_EINVALID_ARGUMENT` for NULL pointers, or a blob that is
+ * malformed or damaged (a flipped bit, cut short, bytes after its end),
+ * its driver's part included; `RF_EINVALID_RKEY` if the endpoint's
+ * driver refuses the key (it belongs to another peer, or names no region
+ * the target exports with those bounds); `RF_EINVALID_LENGTH` for a zero
+ * `len` or one over `RF_MAX_BLOB`; `RF_EINVALID_ENDPOINT`; the target's
+ * refusal (`RF_EACCESS_DENIED` for a wrong secret); `RF_ESTALE_HANDLE`.
  *
  * # Safety
  * - `blob` is NULL or points to `len` readable bytes.
  * - `rkey` is NULL or points to a writable `uint32_t`.
  */
-int rf_rkey_unpack(rf_worker_t worker,
-                   uint32_t ep,
-                   const void *blob,
-                   size_t len,
-                   uint32_t *rkey);
+int rf_rkey_unpack(rf_worker_t worker, uint32_t ep, const void *blob, size_t len, uint32_t *rkey);
 
 /**
  * Creates a ring (one SQ of `sq_entries` and one CQ of `cq_entries`; 0
@@ -1030,8 +1053,10 @@ int rf_worker_address(rf_worker_t worker, void *buf, size_t cap, size_t *len);
  * submitted meanwhile queue in order and start once it is up, or each
  * completes with the handshake's error. `rf_ep_state` tells where it is.
  *
- * Returns 0; `RF_EINVALID_ARGUMENT` for NULL pointers or a malformed
- * address; `RF_EINVALID_LENGTH` for a zero `len` or one over
+ * Returns 0; `RF_EINVALID_ARGUMENT` for NULL pointers, or an address
+ * that is malformed or damaged (it fails its integrity check: a flipped
+ * bit, cut short, bytes after its end); `RF_EINVALID_LENGTH` for a zero
+ * `len` or one over
  * `RF_MAX_BLOB`; `RF_EPEER_UNREACHABLE` if no driver is shared or the peer
  * is known unreachable at once; `RF_ESTALE_HANDLE`.
  *

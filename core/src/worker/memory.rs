@@ -218,7 +218,7 @@ impl Worker {
             })?;
             parts.push(blob::encode(driver.name(), r.base, r.len, &part));
         }
-        Ok(encode_key_parts(&parts))
+        Ok(encode_key(&parts))
     }
 
     /// The remote region remote key `rkey` (unpacked for endpoint `ep`)
@@ -242,17 +242,28 @@ impl Worker {
 
     /// Turns a peer's key blob into an id for SQEs on `ep`: each of the
     /// endpoint's drivers unpacks its part (an endpoint with lanes on
-    /// several drivers uses the lanes of those that had one).
+    /// several drivers uses the lanes of those that had one). The whole
+    /// blob is checked first, field by field and against its integrity
+    /// check, so that a damaged one is refused before any driver sees it
+    /// (and so before anything is sent to the target).
     ///
     /// # Errors
-    /// [`Status::InvalidEndpoint`], [`Status::InvalidArgument`] for a
-    /// malformed blob or one without a part for any of `ep`'s drivers, or
-    /// a driver's error.
+    /// [`Status::InvalidEndpoint`]; [`Error::Malformed`]
+    /// ([`Status::InvalidArgument`]) for a blob that is malformed or fails
+    /// its integrity check (a flipped bit, cut short, bytes after its
+    /// end); [`Status::InvalidArgument`] for one without a part for any of
+    /// `ep`'s drivers; or a driver's error (its own part malformed:
+    /// `InvalidArgument`; refused by the target: `AccessDenied`,
+    /// `InvalidRkey`).
     pub fn unpack_rkey(&self, ep: EndpointId, key: &[u8]) -> Result<RkeyId, Error> {
         let bad = || Error::Status {
             op: "unpack_rkey",
             status: Status::InvalidArgument,
         };
+        let parts = decode_key(key).map_err(|what| Error::Malformed {
+            op: "unpack_rkey",
+            what,
+        })?;
         let mut engine = self.shared.engine();
         let Some(cold) = engine.cold.get(ep.0 as usize) else {
             return Err(Error::Status {
@@ -272,19 +283,15 @@ impl Worker {
             len: 0,
         };
         let mut bounds = None;
-        for part in key_parts(key) {
-            let part = part.ok_or_else(bad)?;
-            let decoded = blob::decode(part).map_err(Error::status_of("unpack_rkey"))?;
+        for decoded in &parts {
             for (gi, &(driver, driver_ep)) in groups.iter().enumerate() {
                 let name = engine.drivers[driver].name();
                 if decoded.driver != name || entry.parts[gi].is_some() {
                     continue;
                 }
-                // Every part of one key describes the same region.
-                if *bounds.get_or_insert((decoded.base, decoded.len)) != (decoded.base, decoded.len)
-                {
-                    return Err(bad());
-                }
+                // Every part of one key describes the same region
+                // (`decode_key` checked).
+                bounds = Some((decoded.base, decoded.len));
                 let rkey = engine.drivers[driver]
                     .unpack_rkey(driver_ep, decoded.driver_blob)
                     .map_err(|source| Error::Driver {

@@ -28,7 +28,7 @@ mod memory;
 mod queue_pair;
 mod wait;
 
-use blobs::{decode_address, encode_address, encode_key_parts, key_parts};
+use blobs::{decode_address, decode_key, encode_address, encode_key};
 pub use buffer::RegisteredBuf;
 pub use builder::WorkerBuilder;
 use core_thread::CoreThread;
@@ -238,13 +238,14 @@ impl Worker {
     /// error. [`endpoint_state`](Worker::endpoint_state) tells where it is.
     ///
     /// # Errors
-    /// [`Status::InvalidArgument`] for a malformed address,
-    /// [`Status::PeerUnreachable`] if no driver is shared, or the driver's
-    /// error.
+    /// [`Error::Malformed`] ([`Status::InvalidArgument`]) for a malformed
+    /// address or one that fails its integrity check (damaged on its way),
+    /// before any driver sees it; [`Status::PeerUnreachable`] if no driver
+    /// is shared, or the driver's error.
     pub fn connect(&self, peer: &[u8]) -> Result<EndpointId, Error> {
-        let parts = decode_address(peer).ok_or(Error::Status {
+        let parts = decode_address(peer).map_err(|what| Error::Malformed {
             op: "connect",
-            status: Status::InvalidArgument,
+            what,
         })?;
         let (d, lanes) = {
             let engine = self.shared.engine();
@@ -281,7 +282,9 @@ impl Worker {
     /// each driver. One group is an ordinary endpoint over that driver.
     ///
     /// # Errors
-    /// [`Status::InvalidArgument`] for a malformed address, no group, more
+    /// [`Error::Malformed`] ([`Status::InvalidArgument`]) for a malformed
+    /// or damaged address (as for `connect`); [`Status::InvalidArgument`]
+    /// for no group, more
     /// than four, a driver named twice, zero lanes, more lanes than a
     /// driver supports or more than 64 in all; [`Status::PeerUnreachable`]
     /// if this worker or the peer lacks a named driver; or a driver's
@@ -291,7 +294,10 @@ impl Worker {
             op: "connect",
             status,
         };
-        let parts = decode_address(peer).ok_or(status(Status::InvalidArgument))?;
+        let parts = decode_address(peer).map_err(|what| Error::Malformed {
+            op: "connect",
+            what,
+        })?;
         if groups.is_empty()
             || groups.len() > MAX_GROUPS
             || groups.iter().map(|&(_, l)| u32::from(l)).sum::<u32>() > u32::from(MAX_LANES)

@@ -211,11 +211,17 @@ pub unsafe extern "C" fn rf_rkey_bounds(
 /// `rf_rkey_pack`) into a remote key id for SQEs on endpoint `ep`
 /// (`rkey`); stores it in `*rkey`.
 ///
-/// Returns 0; `RF_EINVALID_ARGUMENT` for NULL pointers or a malformed blob;
-/// `RF_EINVALID_RKEY` if the endpoint's driver refuses the key (its part
-/// is malformed or names no region it can reach); `RF_EINVALID_LENGTH` for a zero `len` or one over `RF_MAX_BLOB`;
-/// `RF_EINVALID_ENDPOINT`; the target's refusal (`RF_EACCESS_DENIED` for a
-/// wrong secret); `RF_ESTALE_HANDLE`.
+/// The whole blob is checked first, field by field and against its
+/// integrity check (a CRC-32C), so that a damaged one is refused before
+/// anything is sent to the target.
+///
+/// Returns 0; `RF_EINVALID_ARGUMENT` for NULL pointers, or a blob that is
+/// malformed or damaged (a flipped bit, cut short, bytes after its end),
+/// its driver's part included; `RF_EINVALID_RKEY` if the endpoint's
+/// driver refuses the key (it belongs to another peer, or names no region
+/// the target exports with those bounds); `RF_EINVALID_LENGTH` for a zero
+/// `len` or one over `RF_MAX_BLOB`; `RF_EINVALID_ENDPOINT`; the target's
+/// refusal (`RF_EACCESS_DENIED` for a wrong secret); `RF_ESTALE_HANDLE`.
 ///
 /// # Safety
 /// - `blob` is NULL or points to `len` readable bytes.

@@ -316,8 +316,10 @@ pub unsafe extern "C" fn rf_worker_address(
 /// submitted meanwhile queue in order and start once it is up, or each
 /// completes with the handshake's error. `rf_ep_state` tells where it is.
 ///
-/// Returns 0; `RF_EINVALID_ARGUMENT` for NULL pointers or a malformed
-/// address; `RF_EINVALID_LENGTH` for a zero `len` or one over
+/// Returns 0; `RF_EINVALID_ARGUMENT` for NULL pointers, or an address
+/// that is malformed or damaged (it fails its integrity check: a flipped
+/// bit, cut short, bytes after its end); `RF_EINVALID_LENGTH` for a zero
+/// `len` or one over
 /// `RF_MAX_BLOB`; `RF_EPEER_UNREACHABLE` if no driver is shared or the peer
 /// is known unreachable at once; `RF_ESTALE_HANDLE`.
 ///
