@@ -131,3 +131,114 @@ fn a_large_pool_builds_without_touching_its_memory() {
     assert!(limits::live_bytes() >= POOL);
     drop(w);
 }
+
+/// The cgroup directory this process is in for memory: (the directory,
+/// whether it is cgroup v2). v1's memory hierarchy first, as the limit
+/// code reads both.
+fn own_memory_cgroup() -> Option<(std::path::PathBuf, bool)> {
+    let cgroups = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let mount = |v2: bool| {
+        mounts.lines().find_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            let left: Vec<&str> = left.split(' ').collect();
+            let right: Vec<&str> = right.split(' ').collect();
+            let fits = if v2 {
+                right[0] == "cgroup2"
+            } else {
+                right[0] == "cgroup" && right.get(2)?.split(',').any(|o| o == "memory")
+            };
+            (fits && left.get(3) == Some(&"/")).then(|| left[4].to_owned())
+        })
+    };
+    for line in cgroups.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        if controllers.split(',').any(|c| c == "memory") {
+            let dir = std::path::Path::new(&mount(false)?).join(path.trim_start_matches('/'));
+            return Some((dir, false));
+        }
+    }
+    let path = cgroups.lines().find_map(|l| l.strip_prefix("0::"))?;
+    let dir = std::path::Path::new(&mount(true)?).join(path.trim_start_matches('/'));
+    Some((dir, true))
+}
+
+const CHILD_LIMIT: u64 = 256 << 20;
+
+/// In a child cgroup with a 256 MiB memory limit (where this process may
+/// make one: root with a writable cgroup hierarchy), a child process sees
+/// that limit, names it, and is held to it. Skipped, saying why, where the
+/// cgroup cannot be made.
+#[test]
+fn a_process_in_a_limited_cgroup_is_held_to_its_limit() {
+    use std::io::{BufRead, Write};
+    if let Ok(dir) = std::env::var("RINGFENCE_LIMITS_CHILD_CGROUP") {
+        // The child: wait until the parent has moved us, then check.
+        let mut line = String::new();
+        std::io::stdin().lock().read_line(&mut line).unwrap();
+        let w = worker();
+        let limit = limits::memory_limit();
+        eprintln!("in cgroup {dir}: {limit}");
+        assert!(
+            matches!(limit.source(),
+                LimitSource::CgroupV1(d) | LimitSource::CgroupV2(d) if d.ends_with(&dir)),
+            "{limit}"
+        );
+        assert!(limit.bytes() >= CHILD_LIMIT, "{limit}");
+        assert!(limit.to_string().contains(&dir), "{limit}");
+        let over = usize::try_from(limit.bytes()).unwrap() + 1;
+        assert_limit_error(&w.alloc_registered(over).unwrap_err());
+        let buf = w.alloc_registered(1 << 20).unwrap();
+        w.deregister(buf.handle()).unwrap();
+        return;
+    }
+    let Some((own, v2)) = own_memory_cgroup() else {
+        eprintln!("skipped: no cgroup memory hierarchy found in /proc/self");
+        return;
+    };
+    let name = format!("ringfence-limits-{}", std::process::id());
+    let dir = own.join(&name);
+    if let Err(e) = std::fs::create_dir(&dir) {
+        eprintln!("skipped: cannot make cgroup {} ({e})", dir.display());
+        return;
+    }
+    let limit_file = if v2 {
+        "memory.max"
+    } else {
+        "memory.limit_in_bytes"
+    };
+    if let Err(e) = std::fs::write(dir.join(limit_file), CHILD_LIMIT.to_string()) {
+        eprintln!(
+            "skipped: cannot set {limit_file} in {} ({e}; cgroup v2 needs the memory controller delegated)",
+            dir.display()
+        );
+        let _ = std::fs::remove_dir(&dir);
+        return;
+    }
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_process_in_a_limited_cgroup_is_held_to_its_limit",
+            "--nocapture",
+        ])
+        .env("RINGFENCE_LIMITS_CHILD_CGROUP", &name)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let moved = std::fs::write(dir.join("cgroup.procs"), child.id().to_string());
+    let mut stdin = child.stdin.take().unwrap();
+    writeln!(stdin, "go").unwrap();
+    drop(stdin);
+    let status = child.wait().unwrap();
+    // Empty once the child has exited; the kernel may take a moment to
+    // let go of it.
+    for _ in 0..1000 {
+        if std::fs::remove_dir(&dir).is_ok() {
+            break;
+        }
+        std::thread::yield_now();
+    }
+    moved.unwrap();
+    assert!(status.success(), "the child in {} failed", dir.display());
+}

@@ -287,7 +287,9 @@ fn a_worker_can_connect_to_itself_and_peers_that_go_away_fail_endpoints() {
 fn allocations_beyond_the_memory_limit_fail_with_no_memory() {
     let w = worker();
     let limit = ringfence::limits::memory_limit().bytes();
-    let over = usize::try_from(limit).unwrap_or(usize::MAX).saturating_add(1);
+    let over = usize::try_from(limit)
+        .unwrap_or(usize::MAX)
+        .saturating_add(1);
     for len in [over, 1 << 40] {
         if len as u64 <= limit {
             continue; // a machine that backs a TiB
