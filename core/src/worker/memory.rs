@@ -105,7 +105,9 @@ impl Worker {
     /// Allocates `len` zeroed, 64-byte aligned bytes of host memory and
     /// registers them: the zero-copy way to start. The same as
     /// [`alloc_registered_kind`](Worker::alloc_registered_kind) with
-    /// [`MemKind::Host`].
+    /// [`MemKind::Host`]: beyond the process's memory limit
+    /// ([`limits::memory_limit`]) it fails at once with
+    /// [`Error::MemoryLimit`] (status [`Status::NoMemory`]).
     ///
     /// # Errors
     /// As `alloc_registered_kind`.
