@@ -54,6 +54,16 @@ pub enum Error {
         /// Why.
         status: Status,
     },
+    /// An allocation beyond the memory this process can have (see
+    /// [`limits`](crate::limits)); the C status is `RF_ENOMEM`.
+    #[error("{op} failed: {source}")]
+    MemoryLimit {
+        /// What was being allocated.
+        op: &'static str,
+        /// The request and the limit.
+        #[source]
+        source: crate::limits::LimitExceeded,
+    },
     /// No driver of the worker supports what was asked (a memory kind).
     #[error("unsupported: {0}")]
     Unsupported(String),
@@ -81,6 +91,7 @@ impl Error {
             | Error::Malformed { .. } => Status::InvalidArgument,
             Error::Driver { source, .. } => source.status,
             Error::Status { status, .. } => *status,
+            Error::MemoryLimit { .. } => Status::NoMemory,
             Error::Unsupported(_) => Status::Unsupported,
             Error::Ring(_) => Status::NoMemory,
             Error::Os { .. } => Status::Io,

@@ -67,6 +67,7 @@ mod engine;
 mod error;
 #[cfg(feature = "testkit")]
 mod fault;
+pub mod limits;
 mod loopback;
 mod memory;
 mod request;

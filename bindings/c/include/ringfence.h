@@ -617,7 +617,8 @@ struct rf_worker_config {
    */
   uint32_t lanes;
   /**
-   * Notification buffers.
+   * Notification buffers (at most 65536; together with `notify_size`
+   * counted against the memory limit, see `rf_mem_alloc`).
    */
   uint32_t notify_buffers;
   /**
@@ -752,9 +753,21 @@ int rf_mem_register(rf_worker_t worker, void *addr, size_t len, uint32_t *mem);
  * `*mem`. Free it with `rf_mem_free` (or `rf_mem_deregister`); it is also
  * freed by `rf_worker_destroy`.
  *
+ * The memory limit: `len` rounded up to whole pages, plus the
+ * process's live ringfence allocations (memory from `rf_mem_alloc`,
+ * workers' notification buffers), must fit in the smallest of physical
+ * memory plus swap, the cgroup's memory limit (v2 `memory.max` plus
+ * `memory.swap.max`, v1 `memory.limit_in_bytes`, of the process's cgroup
+ * and its ancestors) and a finite `RLIMIT_AS` or `RLIMIT_DATA`, as read
+ * when the worker was created; beyond it the call fails at once. Memory
+ * from the shm driver is allocated in full here (it is there, or the call
+ * fails); heap memory is zeroed by the kernel page by page as first
+ * touched.
+ *
  * Returns 0; `RF_EINVALID_ARGUMENT` for NULL `addr` or `mem`;
  * `RF_EINVALID_LENGTH` for a zero `len` or one above `PTRDIFF_MAX`;
- * `RF_ENO_MEMORY` if it cannot be had; `RF_ESTALE_HANDLE`.
+ * `RF_ENO_MEMORY` beyond the memory limit or if it cannot be had;
+ * `RF_ESTALE_HANDLE`.
  *
  * # Safety
  * - `addr` is NULL or points to a writable `void *`; `mem` is NULL or
@@ -1008,6 +1021,10 @@ int rf_worker_config_init(struct rf_worker_config *config);
  * name, a non-zero reserved field or a bad value (entries not a power of
  * two, lanes outside 1 to `RF_MAX_LANES`, a malformed `RINGFENCE_*`
  * variable);
+ * `RF_ENO_MEMORY` if the notification buffers (`notify_buffers` times
+ * `notify_size` bytes) exceed the memory limit (see `rf_mem_alloc`) or
+ * cannot be allocated; a large pool is not touched here: the kernel
+ * zeroes its pages as buffers are first used;
  * `RF_EIO` if a driver or the core thread cannot start. `*worker` is
  * written only on success.
  *

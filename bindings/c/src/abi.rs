@@ -235,7 +235,8 @@ pub struct rf_worker_config {
     /// Lanes per endpoint: 1 to `RF_MAX_LANES` (0: the default), capped
     /// by the driver.
     pub lanes: u32,
-    /// Notification buffers.
+    /// Notification buffers (at most 65536; together with `notify_size`
+    /// counted against the memory limit, see `rf_mem_alloc`).
     pub notify_buffers: u32,
     /// Bytes per notification buffer.
     pub notify_size: u32,

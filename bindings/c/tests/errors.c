@@ -275,6 +275,75 @@ static void memory_registration(void)
     CHECK_RC(rf_worker_destroy(w), 0);
 }
 
+/* Resident bytes of this process (/proc/self/statm). */
+static uint64_t resident_bytes(void)
+{
+    unsigned long size = 0, resident = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    CHECK(f != NULL);
+    if (f == NULL)
+        return 0;
+    CHECK(fscanf(f, "%lu %lu", &size, &resident) == 2);
+    fclose(f);
+    return (uint64_t)resident * (uint64_t)sysconf(_SC_PAGESIZE);
+}
+
+/* Allocations and notification pools beyond what the machine (cgroup,
+   rlimits) can back fail at creation with RF_ENO_MEMORY; a large pool is
+   not touched when the worker is created. */
+static void resource_limits(void)
+{
+    void *p = NULL;
+    uint32_t mem = 0;
+    const size_t tib = (size_t)1 << 40;
+    uint64_t machine = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
+
+    /* 1 TiB: on loopback (heap memory) and on the default driver (shm's
+       memfd) alike. */
+    rf_worker_t w = loopback_worker();
+    rf_worker_t shm = 0;
+    struct rf_worker_config config;
+    MUST(rf_worker_config_init(&config));
+    config.ignore_env = 1;
+    MUST(rf_worker_create(&config, &shm));
+    if (machine < tib) {
+        CHECK_RC(rf_mem_alloc(w, tib, &p, &mem), RF_ENO_MEMORY);
+        CHECK_RC(rf_mem_alloc(shm, tib, &p, &mem), RF_ENO_MEMORY);
+        CHECK(p == NULL && mem == 0);
+    } else {
+        printf("resource_limits: skipped the 1 TiB case (this machine has %llu bytes)\n",
+               (unsigned long long)machine);
+    }
+    CHECK_RC(rf_mem_alloc(shm, (size_t)1 << 20, &p, &mem), 0);
+    CHECK(p != NULL && ((uint8_t *)p)[(1 << 20) - 1] == 0);
+    MUST(rf_mem_free(shm, mem));
+    MUST(rf_worker_destroy(shm));
+    MUST(rf_worker_destroy(w));
+
+    /* 65,536 buffers of 4 GiB - 1: 256 TiB of notification pool. */
+    rf_worker_t big = 0;
+    config.drivers = "loopback";
+    config.notify_buffers = 65536;
+    config.notify_size = UINT32_MAX;
+    CHECK_RC(rf_worker_create(&config, &big), RF_ENO_MEMORY);
+    CHECK(big == 0);
+
+    /* 65,536 x 64 KiB (4 GiB) builds without making it resident. */
+    const uint64_t pool = (uint64_t)65536 * 65536;
+    if (machine < 2 * pool) {
+        printf("resource_limits: skipped the 4 GiB pool (this machine has %llu bytes)\n",
+               (unsigned long long)machine);
+        return;
+    }
+    config.notify_size = 65536;
+    uint64_t before = resident_bytes();
+    CHECK_RC(rf_worker_create(&config, &big), 0);
+    uint64_t after = resident_bytes();
+    uint64_t grown = after > before ? after - before : 0;
+    CHECK(grown < pool / 16);
+    MUST(rf_worker_destroy(big));
+}
+
 static void rkey_unpack_refuses_bad_blobs(void)
 {
     rf_worker_t target = loopback_worker(), w = loopback_worker();
@@ -554,6 +623,7 @@ int main(void)
     RFT_RUN(stale_and_forged_worker_handles);
     RFT_RUN(address_and_connect);
     RFT_RUN(memory_registration);
+    RFT_RUN(resource_limits);
     RFT_RUN(rkey_unpack_refuses_bad_blobs);
     RFT_RUN(rings_and_core_thread);
     RFT_RUN(garbage_in_ring_memory);

@@ -5,6 +5,7 @@ use crate::driver::{Driver, DriverEp, DriverMemKey, MAX_LANES, MemDesc, Quiesce}
 use crate::endpoint::{EndpointId, EndpointState, FenceState};
 use crate::engine::{Engine, EngineQueue};
 use crate::error::Error;
+use crate::limits;
 use crate::memory::{MAX_GROUPS, MemHandle, MemKind, Registration, Rkey, RkeyId, blob};
 use crate::request::MAX_QUEUES;
 use crate::stats::Stats;

@@ -386,3 +386,30 @@ fn a_worker_can_connect_to_itself_and_peers_that_go_away_fail_endpoints() {
         std::thread::yield_now();
     }
 }
+
+/// Memory beyond the limit fails before any memfd is made, with the
+/// limit in the message; memory within it is there (allocated in full)
+/// and zeroed.
+#[test]
+fn allocations_beyond_the_memory_limit_fail_with_no_memory() {
+    let w = worker();
+    let limit = ringfence::limits::memory_limit().bytes();
+    let over = usize::try_from(limit)
+        .unwrap_or(usize::MAX)
+        .saturating_add(1);
+    for len in [over, 1 << 40] {
+        if len as u64 <= limit {
+            continue; // a machine that backs a TiB
+        }
+        let e = w.alloc_registered(len).unwrap_err();
+        assert_eq!(e.status(), Status::NoMemory, "{e}");
+        assert!(e.to_string().contains("memory limit"), "{e}");
+    }
+    assert_eq!(
+        w.alloc_registered(usize::MAX).unwrap_err().status(),
+        Status::InvalidLength
+    );
+    let buf = w.alloc_registered(4 << 20).unwrap();
+    assert_eq!(buf.load_u64((4 << 20) - 8), 0);
+    w.deregister(buf.handle()).unwrap();
+}

@@ -67,9 +67,21 @@ pub unsafe extern "C" fn rf_mem_register(
 /// `*mem`. Free it with `rf_mem_free` (or `rf_mem_deregister`); it is also
 /// freed by `rf_worker_destroy`.
 ///
+/// The memory limit: `len` rounded up to whole pages, plus the
+/// process's live ringfence allocations (memory from `rf_mem_alloc`,
+/// workers' notification buffers), must fit in the smallest of physical
+/// memory plus swap, the cgroup's memory limit (v2 `memory.max` plus
+/// `memory.swap.max`, v1 `memory.limit_in_bytes`, of the process's cgroup
+/// and its ancestors) and a finite `RLIMIT_AS` or `RLIMIT_DATA`, as read
+/// when the worker was created; beyond it the call fails at once. Memory
+/// from the shm driver is allocated in full here (it is there, or the call
+/// fails); heap memory is zeroed by the kernel page by page as first
+/// touched.
+///
 /// Returns 0; `RF_EINVALID_ARGUMENT` for NULL `addr` or `mem`;
 /// `RF_EINVALID_LENGTH` for a zero `len` or one above `PTRDIFF_MAX`;
-/// `RF_ENO_MEMORY` if it cannot be had; `RF_ESTALE_HANDLE`.
+/// `RF_ENO_MEMORY` beyond the memory limit or if it cannot be had;
+/// `RF_ESTALE_HANDLE`.
 ///
 /// # Safety
 /// - `addr` is NULL or points to a writable `void *`; `mem` is NULL or

@@ -212,6 +212,10 @@ pub unsafe extern "C" fn rf_worker_config_init(config: *mut rf_worker_config) ->
 /// name, a non-zero reserved field or a bad value (entries not a power of
 /// two, lanes outside 1 to `RF_MAX_LANES`, a malformed `RINGFENCE_*`
 /// variable);
+/// `RF_ENO_MEMORY` if the notification buffers (`notify_buffers` times
+/// `notify_size` bytes) exceed the memory limit (see `rf_mem_alloc`) or
+/// cannot be allocated; a large pool is not touched here: the kernel
+/// zeroes its pages as buffers are first used;
 /// `RF_EIO` if a driver or the core thread cannot start. `*worker` is
 /// written only on success.
 ///
