@@ -497,7 +497,10 @@ mod tests {
         tx.set_overflow(true);
         tx.push(cqe(2)).unwrap(); // pushed, published by `fail`
         tx.fail();
-        assert!(rx.peer_failed() && !rx.is_overflowed(), "FAILED, OVERFLOW cleared");
+        assert!(
+            rx.peer_failed() && !rx.is_overflowed(),
+            "FAILED, OVERFLOW cleared"
+        );
         tx.set_overflow(true);
         assert!(rx.peer_failed(), "set_overflow keeps FAILED");
         assert_eq!(rx.pop(), Ok(Some(cqe(1))));
@@ -520,7 +523,10 @@ mod tests {
         tx.push(cqe(1)).unwrap();
         tx.push(cqe(2)).unwrap();
         let err = tx.push(cqe(3)).unwrap_err();
-        assert!(matches!(err, RingError::Corrupt(c) if c.marked_failed()), "{err}");
+        assert!(
+            matches!(err, RingError::Corrupt(c) if c.marked_failed()),
+            "{err}"
+        );
         assert_eq!(err.status(), crate::Status::RingCorrupt);
         assert!(tx.free().is_err());
     }

@@ -49,9 +49,9 @@
  * of its SQE. Every other SQE submitted on a failed ring gets no completion,
  * ever: the engine did not take it, or took it and dropped its CQE (the
  * engine still finishes what it had taken, and frees its request slots);
- * whether it took effect at the target is unknown. A worker flush on
- * another ring completes after them; deregistering their memory waits for
- * them or fails, as for any operation in flight.
+ * whether it took effect at the target is unknown. A flush of their
+ * endpoint (or a worker flush) submitted on another ring completes only
+ * after them; their memory stays held as for any operation in flight.
  *
  * Why GCC/Clang __atomic builtins rather than <stdatomic.h>: the header
  * must compile as C11 and as C++17, and <stdatomic.h> is not usable from

@@ -46,9 +46,10 @@ use super::*;
 /// submitted on this queue pair gets no completion, ever: the engine did
 /// not take it, or took it and dropped its CQE; which of the two, and
 /// whether it took effect at the target, is unknown. To know that such
-/// operations are over, use a worker flush on another queue pair, or
-/// deregister their memory (which waits for the operations that hold it,
-/// or fails while they do).
+/// operations are over, flush their endpoint (or the worker) from another
+/// queue pair: that flush completes only after them. Their memory stays
+/// held as for any operation in flight (deregistering it fails with
+/// `Busy` while they hold it).
 #[derive(Debug)]
 pub struct QueuePair {
     pub(super) sq: Producer<Sqe>,
