@@ -138,6 +138,10 @@ impl Rig {
             Err(Status::RingCorrupt)
         );
         assert!(victim.wait_cqe(Some(HANG)).is_err());
+        assert!(
+            victim.arm_cq_doorbell().is_err(),
+            "nothing will come: no sleep"
+        );
         assert!(victim.pop().is_err());
         assert!(victim.reap(&mut [Cqe::default(); 4]).is_err());
         let put = self.put(9, 9);

@@ -296,9 +296,15 @@ impl QueuePair {
     /// [`disarm_cq_doorbell`](QueuePair::disarm_cq_doorbell) after waking.
     ///
     /// # Errors
-    /// Corrupt indices.
+    /// Corrupt indices, or the CQ is empty and this queue pair failed (see
+    /// [`QueuePair`]; nothing will come: do not sleep).
     pub fn arm_cq_doorbell(&mut self) -> Result<bool, Corrupt> {
-        self.cq.prepare_wait()
+        let empty = self.cq.prepare_wait()?;
+        if empty && self.is_failed() {
+            self.cq.finish_wait();
+            return Err(self.failed_cq());
+        }
+        Ok(empty)
     }
 
     /// Stops asking for CQ doorbell rings.
