@@ -124,8 +124,8 @@ pub struct rf_ring {
     /// SQ head in ring memory: written by the engine (release), read here
     /// (acquire) when `sq_cached_head` says the SQ is full.
     pub sq_shared_head: *mut u32,
-    /// The engine's SQ flags (`RF_SQ_NEED_WAKEUP`), read by `rf_submit`
-    /// after a sequentially consistent fence.
+    /// The engine's SQ flags (`RF_SQ_NEED_WAKEUP`, `RF_SQ_FAILED`), read
+    /// by `rf_submit` after a sequentially consistent fence.
     pub sq_shared_flags: *mut u32,
     /// The SQ's `sq_entries` slots.
     pub sqes: *mut rf_sqe,
@@ -147,7 +147,7 @@ pub struct rf_ring {
     /// CQ tail in ring memory: written by the engine (release), read here
     /// (acquire) when `cq_cached_tail` says the CQ is empty.
     pub cq_shared_tail: *mut u32,
-    /// The engine's CQ flags (`RF_CQ_OVERFLOW`), acquire.
+    /// The engine's CQ flags (`RF_CQ_OVERFLOW`, `RF_CQ_FAILED`), acquire.
     pub cq_shared_flags: *mut u32,
     /// This thread's CQ flags (`RF_CQ_NEED_WAKEUP`), set by
     /// `rf_ring_cq_arm`.
@@ -329,6 +329,14 @@ pub const RF_CQ_NEED_WAKEUP: u32 = 1;
 /// In `*cq_shared_flags`: the engine holds completions that did not fit;
 /// it takes no SQEs from this ring until they are reaped.
 pub const RF_CQ_OVERFLOW: u32 = 1;
+/// In `*sq_shared_flags`: the engine failed this ring (it found the ring
+/// memory corrupt) and takes no more SQEs; `rf_submit` returns
+/// `RF_ERING_CORRUPT`. Set once, never cleared.
+pub const RF_SQ_FAILED: u32 = 2;
+/// In `*cq_shared_flags`: the engine failed this ring and posts no more
+/// CQEs; `rf_peek_cqe` returns `RF_ERING_CORRUPT` once the CQ is empty.
+/// Set once, never cleared.
+pub const RF_CQ_FAILED: u32 = 2;
 
 /// `rf_ep_state`: the driver's handshake goes on; SQEs queue in order and
 /// start when it is up.
@@ -367,6 +375,8 @@ const_assert_eq!(RF_CLOSE_FORCE, CloseMode::FORCE.as_raw());
 const_assert_eq!(RF_SQ_NEED_WAKEUP, ConsumerLine::NEED_WAKEUP);
 const_assert_eq!(RF_CQ_NEED_WAKEUP, ConsumerLine::NEED_WAKEUP);
 const_assert_eq!(RF_CQ_OVERFLOW, ProducerLine::OVERFLOW);
+const_assert_eq!(RF_SQ_FAILED, ConsumerLine::FAILED);
+const_assert_eq!(RF_CQ_FAILED, ProducerLine::FAILED);
 
 // Statuses: the values of the Rust `Status` (asserted below, by name):
 // the negative errno where one corresponds (so `strerror(-status)` names

@@ -544,20 +544,25 @@ static void garbage_in_ring_memory(void)
     CHECK_RC(rf_peek_cqe(&ring, &cqe), RF_EAGAIN);
 
     /* A corrupt SQ head: rf_get_sqe hands out nothing once its cache runs
-       out, and the engine refuses the queue instead of reading garbage. */
+       out, and the engine fails the ring instead of reading garbage (it
+       alone writes that head: when the SQ looks empty it checks it). */
     __atomic_store_n(ring.sq_shared_head, ring.sq_local_tail + 1000, __ATOMIC_RELEASE);
     int handed = 0;
     while (rf_get_sqe(&ring) != NULL && handed < 100)
         handed++;
     CHECK(handed <= 16);
-    CHECK(rf_progress(w) >= 0);
+    CHECK_RC(rf_progress(w), RF_ERING_CORRUPT);
+    CHECK_RC(rf_ring_check(&ring), RF_ERING_CORRUPT);
+    CHECK(__atomic_load_n(ring.sq_shared_flags, __ATOMIC_ACQUIRE) & RF_SQ_FAILED);
 
-    /* A corrupt SQ tail, published: the engine detects it; progress goes on
-       for the worker's other rings and nothing crashes. */
+    /* A corrupt SQ tail on the failed ring changes nothing: progress goes
+       on for the worker's other rings (reporting the failed one) and
+       nothing crashes. */
     struct rf_ring other;
     MUST(rf_ring_create(w, 8, 16, &other));
     __atomic_store_n(ring.sq_tail, ring.sq_published + 100000, __ATOMIC_RELEASE);
-    CHECK(rf_progress(w) >= 0);
+    CHECK_RC(rf_progress(w), RF_ERING_CORRUPT);
+    CHECK_RC(rf_ring_check(&other), 0);
     struct rf_sqe *sqe = rft_sqe(&other);
     rf_prep_nop(sqe);
     rf_sqe_set_data(sqe, 99);

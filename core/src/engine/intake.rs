@@ -21,11 +21,19 @@ impl Engine {
             self.resolved = Resolved::NONE;
         }
         let q = &mut self.queues[qi];
-        let n = match q.sq.pop_batch(&mut sqes[..room]) {
+        // An SQ that looks empty also has its shared head checked (only
+        // the engine writes it; garbage there is what the application
+        // reads as free space): one load of the engine's own line, on the
+        // idle path only.
+        let popped = match q.sq.pop_batch(&mut sqes[..room]) {
+            Ok(0) => q.sq.check_shared_head().map(|()| 0),
+            popped => popped,
+        };
+        let n = match popped {
             Ok(n) => n,
             Err(c) => {
-                tracing::error!(%c, queue = qi, "SQ indices corrupt; this queue pair takes no more SQEs");
-                q.broken = true;
+                tracing::error!(queue = qi, "SQ indices corrupt");
+                q.fail(&c);
                 self.sqe_scratch = sqes;
                 return 0;
             }

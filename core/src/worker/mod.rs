@@ -389,26 +389,59 @@ impl Worker {
             });
         }
         let (requests, buffers) = (engine.config.requests, engine.notify.count());
+        let failed = Arc::new(AtomicBool::new(false));
         let index = engine.add_queue(EngineQueue::new(
             engine_sq,
             engine_cq,
             requests,
             buffers,
             Some(cq_bell.clone()),
+            failed.clone(),
         ));
         Ok(QueuePair {
             sq,
             cq,
             index,
             cq_bell,
+            failed,
             shared: self.shared.clone(),
         })
     }
 
     /// One bounded round of progress on the caller's thread; returns how
     /// much work it did (0: nothing to do).
+    ///
+    /// A queue pair that failed (its ring memory was found corrupt, see
+    /// [`QueuePair`]) does not stop it: the round serves the others. Its
+    /// own calls report the failure; [`failed_queues`](Worker::failed_queues)
+    /// and [`progress_checked`](Worker::progress_checked) tell it at the
+    /// worker's level.
     pub fn progress(&self) -> usize {
         self.shared.engine().progress()
+    }
+
+    /// [`progress`](Worker::progress), then whether a queue pair of this
+    /// worker has failed: the round runs either way (the other queue pairs
+    /// keep working), and its work count is lost in the error.
+    ///
+    /// # Errors
+    /// [`Status::RingCorrupt`] while a queue pair whose ring memory the
+    /// engine found corrupt is still alive (not dropped); each failed
+    /// queue pair's own calls say which it is.
+    pub fn progress_checked(&self) -> Result<usize, Status> {
+        let mut engine = self.shared.engine();
+        let work = engine.progress();
+        if engine.failed_queues() > 0 {
+            return Err(Status::RingCorrupt);
+        }
+        Ok(work)
+    }
+
+    /// How many queue pairs of this worker failed (the engine found their
+    /// ring memory corrupt, see [`QueuePair`]) and are still alive:
+    /// dropping a failed queue pair takes it out of the count.
+    pub fn failed_queues(&self) -> usize {
+        self.shared.engine().failed_queues()
     }
 
     /// Counters of the whole worker.

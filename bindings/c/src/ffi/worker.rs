@@ -443,12 +443,17 @@ pub unsafe extern "C" fn rf_ep_fence_state(
 /// One bounded round of progress on the caller's thread: drains the rings'
 /// SQs, advances fences, polls the drivers, posts CQEs.
 ///
-/// Returns how much work it did (0: nothing to do), or
-/// `RF_ESTALE_HANDLE`/`RF_EINVALID_ARGUMENT`. Takes no global lock other
+/// Returns how much work it did (0: nothing to do);
+/// `RF_ERING_CORRUPT` while a ring of this worker that the engine failed
+/// (it found the ring memory corrupt; see the inline helpers' "A failed
+/// ring") is not destroyed yet: the round ran all the same, and the other
+/// rings keep working; that ring's own calls (`rf_ring_check`,
+/// `rf_wait_cqes`, `rf_peek_cqe`) say which it is; `rf_ring_destroy` it.
+/// Or `RF_ESTALE_HANDLE`/`RF_EINVALID_ARGUMENT`. Takes no global lock other
 /// than the handle table's read lock.
 #[unsafe(no_mangle)]
 pub extern "C" fn rf_progress(worker: rf_worker_t) -> c_int {
-    guard(|| with_worker(worker, |w| Ok(count(w.worker.progress()))))
+    guard(|| with_worker(worker, |w| Ok(count(w.worker.progress_checked()?))))
 }
 
 /// Starts the worker's core thread, which runs progress and busy-polls,
