@@ -1,10 +1,22 @@
 #!/usr/bin/env bash
 # Runs every ringfence test: format, lints, unit and integration tests (two
 # real processes included), doc tests, a bench smoke run, docs, loom models,
-# miri, and the struct layout audit. Installs what is missing first.
+# miri, the struct layout audit, the fuzz targets for a bounded time, and
+# ThreadSanitizer over the threaded tests. Installs what is missing first.
 #
-#   ./scripts/test.sh            everything
-#   RINGFENCE_SKIP_MIRI=1 ...    skip the miri step (it needs a nightly toolchain)
+#   ./scripts/test.sh              everything
+#   RINGFENCE_SKIP_MIRI=1 ...      skip the miri step (it needs a nightly toolchain)
+#   RINGFENCE_FUZZ_SECONDS=N ...   run each fuzz target N s (default 20; 0 skips the step)
+#   RINGFENCE_SKIP_TSAN=1 ...      skip the ThreadSanitizer step
+#
+# The fuzz step (scripts/fuzz.sh: every cargo-fuzz target of fuzz/ and
+# drivers/tcp/fuzz/, libFuzzer with AddressSanitizer, printing each target's
+# executions and coverage, failing on a crash) and the tsan step
+# (scripts/tsan.sh: -Zsanitizer=thread with -Zbuild-std, into target/tsan)
+# need a nightly toolchain; without one (or without cargo-fuzz or rust-src,
+# which they try to install) they print SKIPPED with the reason and the
+# run goes on. Their seeds and checks also run on stable, in the tests step
+# (tests/tests/fuzz_corpus.rs, drivers/tcp/tests/corpus.rs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -122,6 +134,36 @@ run_step rflayout-ring cargo run -q -p ringfence-tools --bin rflayout --locked -
   check target/debug/libringfence_ring.rlib --baseline tools/layout.toml
 run_step rflayout-core cargo run -q -p ringfence-tools --bin rflayout --locked -- \
   check target/debug/libringfence.rlib --baseline tools/layout-core.toml
+
+# Every fuzz target for a bounded time (scripts/fuzz.sh; 77: skipped).
+fuzz_seconds=${RINGFENCE_FUZZ_SECONDS:-20}
+if [ "$fuzz_seconds" = 0 ]; then
+  echo "fuzz: skipped (RINGFENCE_FUZZ_SECONDS=0)"; skipped_steps+=(fuzz)
+else
+  say "fuzz: scripts/fuzz.sh $fuzz_seconds"
+  rc=0
+  scripts/fuzz.sh "$fuzz_seconds" || rc=$?
+  case $rc in
+    0) passed_steps+=(fuzz) ;;
+    77) skipped_steps+=(fuzz) ;;
+    *) exit "$rc" ;;
+  esac
+fi
+
+# ThreadSanitizer over the ring, engine and shm tests that use threads
+# (scripts/tsan.sh; 77: skipped).
+if [ "${RINGFENCE_SKIP_TSAN:-0}" = 1 ]; then
+  echo "tsan: skipped (RINGFENCE_SKIP_TSAN=1)"; skipped_steps+=(tsan)
+else
+  say "tsan: scripts/tsan.sh"
+  rc=0
+  scripts/tsan.sh || rc=$?
+  case $rc in
+    0) passed_steps+=(tsan) ;;
+    77) skipped_steps+=(tsan) ;;
+    *) exit "$rc" ;;
+  esac
+fi
 
 # ---------------------------------------------------------------- summary
 passed=$(grep -hEo 'test result: ok\. [0-9]+ passed' "$log_dir/cargo-test.log" "$log_dir/c-tests.log" \

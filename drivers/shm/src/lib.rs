@@ -192,6 +192,9 @@ mod channel;
 mod control;
 mod driver;
 mod export;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod key;
 mod layout;
 mod memfd;
