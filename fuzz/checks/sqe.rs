@@ -322,6 +322,8 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
         addr: off + SLACK,
     };
     let all = 0x3f;
+    // The mapping bit that rebases only `endpoint`.
+    const ENDPOINT: u8 = 0x10;
     let put = Sqe::put(0, lb(0), rb(128), 256);
     let get = Sqe::get(0, lb(512), rb(0), 1024);
     let fadd = Sqe::atomic_fadd(0, lb(8), rb(64), 5);
@@ -347,7 +349,12 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
         ("get".into(), seq(&[(get, all)], 0)),
         (
             "atomics".into(),
-            seq(&[(add, all), (fadd, all), (swap, all), (cswap, all)], 1),
+            // ADD takes no local buffer: its local fields stay zero (an
+            // unused field must be).
+            seq(
+                &[(add, all & !0b11), (fadd, all), (swap, all), (cswap, all)],
+                1,
+            ),
         ),
         (
             "put_past_window".into(),
@@ -369,17 +376,23 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
             seq(
                 &[
                     (put, all),
-                    (Sqe::fence(0, FenceMode::COMPLETE), all),
+                    // Only their endpoint is rebased: the fields they do
+                    // not use must stay zero.
+                    (Sqe::fence(0, FenceMode::COMPLETE), ENDPOINT),
                     (get, all),
-                    (Sqe::flush(0), all),
+                    (Sqe::flush(0), ENDPOINT),
                     (Sqe::flush_worker(), 0),
-                    (Sqe::close(0, CloseMode::GRACEFUL), all),
+                    (Sqe::close(0, CloseMode::GRACEFUL), ENDPOINT),
                     (put, all),
                 ],
                 1,
             ),
         ),
-        ("notify".into(), seq(&[(Sqe::notify(0, lb(0), 32), all)], 0)),
+        // A NOTIFY names no remote buffer: those fields stay zero.
+        (
+            "notify".into(),
+            seq(&[(Sqe::notify(0, lb(0), 32), all & !0b1100)], 0),
+        ),
         (
             "skip_success".into(),
             seq(
