@@ -11,7 +11,7 @@ use crate::layout::{
 use crate::producer::Producer;
 use crate::raw::RawRing;
 use crate::sqe::Sqe;
-use crate::sync::{Cells, Ordering};
+use crate::sync::{AtomicU32, Cells, Ordering};
 use core::ptr::{NonNull, addr_of, addr_of_mut};
 use memmap2::{MmapOptions, MmapRaw};
 use nix::fcntl::{FcntlArg, SealFlag, fcntl};
@@ -228,12 +228,17 @@ impl Region {
         NonNull::new(self.mapping.map.as_mut_ptr()).expect("mappings are never at address 0")
     }
 
-    fn header(&self) -> &RegionHeader {
+    /// The header's one shared word. No reference to the whole header is
+    /// ever made: its plain fields are in memory another process may
+    /// write, so they are only written before sharing (`init`) and read as
+    /// one volatile copy (`attach`).
+    fn claims(&self) -> &AtomicU32 {
+        let h = self.base().cast::<RegionHeader>().as_ptr();
         // SAFETY: the mapping is at least one page, page-aligned, and lives
-        // as long as `self`; the header's plain fields are only read
-        // volatile-copied (`attach`) or written before sharing (`init`), and
-        // `claims` is an atomic.
-        unsafe { self.base().cast::<RegionHeader>().as_ref() }
+        // as long as `self` (which bounds the borrow), so `claims` is in
+        // bounds and 4-aligned; it is an atomic, accessed atomically by
+        // every process.
+        unsafe { &*addr_of!((*h).claims) }
     }
 
     /// Writes the header of a new, zero-filled region.
@@ -327,7 +332,7 @@ impl Region {
     fn claim(&mut self, bit: u32, side: &'static str) -> Result<(), RegionError> {
         // AcqRel: the claim is a one-shot lock on the side; the only shared
         // word in the header that is not written once before sharing.
-        let before = self.header().claims.fetch_or(bit, Ordering::AcqRel);
+        let before = self.claims().fetch_or(bit, Ordering::AcqRel);
         if before & bit != 0 {
             Err(RegionError::SideTaken(side))
         } else {
