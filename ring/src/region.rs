@@ -11,7 +11,7 @@ use crate::layout::{
 use crate::producer::Producer;
 use crate::raw::RawRing;
 use crate::sqe::Sqe;
-use crate::sync::{AtomicU32, Cells, Ordering};
+use crate::sync::{AtomicU32, AtomicU64, Cells, Ordering};
 use core::ptr::{NonNull, addr_of, addr_of_mut};
 use memmap2::{MmapOptions, MmapRaw};
 use nix::fcntl::{FcntlArg, SealFlag, fcntl};
@@ -425,21 +425,40 @@ struct HeaderSnapshot {
 }
 
 impl HeaderSnapshot {
+    /// Copies the header out, each field with one Relaxed atomic load:
+    /// another process may write the header meanwhile (a racing write is
+    /// then no data race here, and no field can tear), and only the copy is
+    /// looked at. Every field is an integer, valid for any bit pattern.
     fn read(mapping: &Mapping) -> HeaderSnapshot {
-        let h = mapping.map.as_ptr().cast::<RegionHeader>();
-        // SAFETY: the mapping is at least 4096 bytes (checked by `attach`),
-        // page-aligned, so every header field is in bounds and aligned. The
-        // reads are volatile because another process may write the header;
-        // every field is an integer, valid for any bit pattern.
-        unsafe {
-            HeaderSnapshot {
-                magic: addr_of!((*h).magic).read_volatile(),
-                abi_version: addr_of!((*h).abi_version).read_volatile(),
-                header_size: addr_of!((*h).header_size).read_volatile(),
-                region_size: addr_of!((*h).region_size).read_volatile(),
-                sq: addr_of!((*h).sq).read_volatile(),
-                cq: addr_of!((*h).cq).read_volatile(),
-            }
+        use core::mem::offset_of;
+        let base = mapping.map.as_ptr();
+        let u32_at = |offset: usize| {
+            // SAFETY: the mapping is at least 4096 bytes (checked by
+            // `attach`), page-aligned and writable, so every header field is
+            // in bounds and aligned; the `&AtomicU32` lives for one load.
+            unsafe { AtomicU32::from_ptr(base.wrapping_add(offset).cast::<u32>().cast_mut()) }
+                .load(Ordering::Relaxed)
+        };
+        let u64_at = |offset: usize| {
+            // SAFETY: as for `u32_at`, for an 8-aligned 8-byte field.
+            unsafe { AtomicU64::from_ptr(base.wrapping_add(offset).cast::<u64>().cast_mut()) }
+                .load(Ordering::Relaxed)
+        };
+        let ring = |at: usize| RingOffsets {
+            entries: u32_at(at + offset_of!(RingOffsets, entries)),
+            entry_size: u32_at(at + offset_of!(RingOffsets, entry_size)),
+            producer: u32_at(at + offset_of!(RingOffsets, producer)),
+            consumer: u32_at(at + offset_of!(RingOffsets, consumer)),
+            array: u32_at(at + offset_of!(RingOffsets, array)),
+            reserved: u32_at(at + offset_of!(RingOffsets, reserved)),
+        };
+        HeaderSnapshot {
+            magic: u64_at(offset_of!(RegionHeader, magic)),
+            abi_version: u32_at(offset_of!(RegionHeader, abi_version)),
+            header_size: u32_at(offset_of!(RegionHeader, header_size)),
+            region_size: u64_at(offset_of!(RegionHeader, region_size)),
+            sq: ring(offset_of!(RegionHeader, sq)),
+            cq: ring(offset_of!(RegionHeader, cq)),
         }
     }
 

@@ -9,7 +9,7 @@
 pub(crate) use loom::sync::atomic::{AtomicU32, Ordering, fence};
 
 #[cfg(not(loom))]
-pub(crate) use core::sync::atomic::{AtomicU32, Ordering, fence};
+pub(crate) use core::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
 
 pub(crate) use cells::Cells;
 
@@ -109,8 +109,8 @@ mod cells {
                 // writable memory (the `&AtomicU64` lives for one load);
                 // `out` has room for the same words.
                 unsafe {
-                    let value = core::sync::atomic::AtomicU64::from_ptr(src.add(word))
-                        .load(core::sync::atomic::Ordering::Relaxed);
+                    let value =
+                        super::AtomicU64::from_ptr(src.add(word)).load(super::Ordering::Relaxed);
                     dst.add(word).write(value);
                 }
             }
