@@ -22,9 +22,9 @@
 //!
 //! # Why the orderings
 //! Stores are Release: free on x86_64 (a plain `MOV`), one `STLR` on
-//! aarch64, and they make a single-word PUT behind earlier copies of the
+//! aarch64, and they make a single-word copy behind earlier copies of the
 //! same thread (a payload, then its flag) a message a peer can read with
-//! an Acquire load, whatever the driver. Loads are Relaxed: a GET may read
+//! an Acquire load. Loads are Relaxed: a GET may read
 //! through a read-only mapping, and only Relaxed atomic loads of at most
 //! 8 bytes are allowed on read-only memory (`core::sync::atomic`, "Atomic
 //! accesses to read-only memory"); what a GET's bytes mean is ordered by its
@@ -48,8 +48,9 @@
 //!   `noalias`/`readonly`/`dereferenceable` promise is made about it.
 //!
 //! Per-byte atomics would make a race defined in the Rust memory model too,
-//! at the price of every copy above 16 bytes (no vector loads, no fast
-//! string instructions): a 64 KiB PUT would run several times slower. The
+//! at the price of every copy above 16 bytes: atomic accesses are never
+//! merged into vector loads or fast string moves, so a large PUT would
+//! move one byte (or word) per instruction instead of a cache line. The
 //! volatile copy intrinsics (`core::intrinsics::volatile_copy_memory`) are
 //! unstable and would not vectorize either; an element-wise atomic
 //! `memcpy` (`AtomicPerByte`, RFC 3301) is not in the standard library.
