@@ -184,13 +184,13 @@ impl Rig for EngineRig {
         assert_eq!(pushed, len, "the SQ holds DEPTH entries");
         self.qp.submit();
         if self.inline {
-            self.qp.progress();
+            self.qp.progress().expect("queue pair failed");
         }
     }
 
     fn reap<F: FnMut(u64, i32)>(&mut self, seen: &mut F) -> usize {
         if self.inline {
-            self.qp.progress();
+            self.qp.progress().expect("queue pair failed");
         }
         let n = self.qp.reap(&mut self.cqes).expect("CQ corrupt");
         for cqe in &self.cqes[..n] {

@@ -35,6 +35,17 @@ pub enum Error {
         #[source]
         source: crate::driver::DriverError,
     },
+    /// A blob from a peer (a worker address, a packed remote key) is
+    /// malformed or damaged (it fails its integrity check): refused as it
+    /// is decoded, before anything is sent to the peer. Its status is
+    /// [`Status::InvalidArgument`].
+    #[error("{op} failed: {what}")]
+    Malformed {
+        /// What was being done.
+        op: &'static str,
+        /// What is wrong with the blob.
+        what: &'static str,
+    },
     /// A call failed with a status.
     #[error("{op} failed: {status}")]
     Status {
@@ -42,6 +53,16 @@ pub enum Error {
         op: &'static str,
         /// Why.
         status: Status,
+    },
+    /// An allocation beyond the memory this process can have (see
+    /// [`limits`](crate::limits)); the C status is `RF_ENOMEM`.
+    #[error("{op} failed: {source}")]
+    MemoryLimit {
+        /// What was being allocated.
+        op: &'static str,
+        /// The request and the limit.
+        #[source]
+        source: crate::limits::LimitExceeded,
     },
     /// No driver of the worker supports what was asked (a memory kind).
     #[error("unsupported: {0}")]
@@ -64,11 +85,13 @@ impl Error {
     /// The status a C caller would see.
     pub fn status(&self) -> Status {
         match self {
-            Error::Config { .. } | Error::InvalidConfig(_) | Error::Drivers(_) => {
-                Status::InvalidArgument
-            }
+            Error::Config { .. }
+            | Error::InvalidConfig(_)
+            | Error::Drivers(_)
+            | Error::Malformed { .. } => Status::InvalidArgument,
             Error::Driver { source, .. } => source.status,
             Error::Status { status, .. } => *status,
+            Error::MemoryLimit { .. } => Status::NoMemory,
             Error::Unsupported(_) => Status::Unsupported,
             Error::Ring(_) => Status::NoMemory,
             Error::Os { .. } => Status::Io,

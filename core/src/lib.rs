@@ -95,6 +95,7 @@
 )]
 #![warn(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 
+mod checksum;
 mod config;
 mod driver;
 mod endpoint;
@@ -102,6 +103,7 @@ mod engine;
 mod error;
 #[cfg(feature = "testkit")]
 mod fault;
+pub mod limits;
 mod loopback;
 mod memory;
 mod request;
@@ -111,6 +113,7 @@ mod stats;
 mod sys;
 mod worker;
 
+pub use checksum::reseal;
 pub use config::Config;
 pub use driver::{
     Capabilities, Completion, Connect, DirectPath, Driver, DriverContext, DriverEp, DriverError,

@@ -231,16 +231,17 @@ impl RkeyTable {
     }
 }
 
-/// The wire form of a remote key: `"RFRK"`, version, the driver's name, the
-/// region's bounds, then the driver's own blob.
+/// One driver's part of a packed remote key (format 2): `"RFRK"`,
+/// version 2, the length of the driver's name, the region's base and
+/// length (little-endian `u64`s), the length of the driver's own blob
+/// (`u32`), the name, then the driver's blob. The packed key around the
+/// parts (`worker::blobs`) carries the integrity check.
 pub(crate) mod blob {
-    use ringfence_ring::Status;
-
     const MAGIC: &[u8; 4] = b"RFRK";
-    const VERSION: u8 = 1;
+    const VERSION: u8 = 2;
     const FIXED: usize = 4 + 1 + 1 + 8 + 8 + 4;
 
-    /// A decoded blob; borrows the input.
+    /// A decoded part; borrows the input.
     #[derive(Debug, PartialEq, Eq)]
     pub(crate) struct Decoded<'a> {
         pub driver: &'a str,
@@ -262,29 +263,42 @@ pub(crate) mod blob {
         out
     }
 
-    /// Decodes a blob from a peer.
+    /// Decodes a part from a peer, field by field: the magic, the version,
+    /// a non-empty UTF-8 name, a non-empty region that does not wrap, and
+    /// lengths that account for every byte.
     ///
     /// # Errors
-    /// [`Status::InvalidArgument`] for anything malformed.
-    pub(crate) fn decode(input: &[u8]) -> Result<Decoded<'_>, Status> {
-        let bad = Status::InvalidArgument;
-        if input.len() < FIXED || &input[..4] != MAGIC || input[4] != VERSION {
-            return Err(bad);
+    /// What is wrong, for [`Error::Malformed`](crate::Error::Malformed).
+    pub(crate) fn decode(input: &[u8]) -> Result<Decoded<'_>, &'static str> {
+        let Some((fixed, rest)) = input.split_first_chunk::<FIXED>() else {
+            return Err("a remote key part is cut short");
+        };
+        if &fixed[..4] != MAGIC {
+            return Err("a remote key part has no RFRK magic");
         }
-        let name_len = input[5] as usize;
-        let u64_at = |at: usize| u64::from_le_bytes(input[at..at + 8].try_into().expect("8 bytes"));
-        let base = u64_at(6);
-        let len = u64_at(14);
-        let blob_len = u32::from_le_bytes(input[22..26].try_into().expect("4 bytes")) as usize;
-        if input.len() != FIXED + name_len + blob_len || base.checked_add(len).is_none() {
-            return Err(bad);
+        if fixed[4] != VERSION {
+            return Err("a remote key part has an unknown version");
         }
-        let driver = std::str::from_utf8(&input[FIXED..FIXED + name_len]).map_err(|_| bad)?;
+        let name_len = usize::from(fixed[5]);
+        let u64_at = |at: usize| u64::from_le_bytes(fixed[at..at + 8].try_into().expect("8 bytes"));
+        let (base, len) = (u64_at(6), u64_at(14));
+        let blob_len = u32::from_le_bytes(fixed[22..26].try_into().expect("4 bytes")) as usize;
+        if rest.len() != name_len + blob_len {
+            return Err("a remote key part's lengths do not match its size");
+        }
+        if len == 0 || base.checked_add(len).is_none() {
+            return Err("a remote key part's region is empty or wraps");
+        }
+        let (name, driver_blob) = rest.split_at(name_len);
+        let driver = std::str::from_utf8(name)
+            .ok()
+            .filter(|n| !n.is_empty())
+            .ok_or("a remote key part's driver name is not a name")?;
         Ok(Decoded {
             driver,
             base,
             len,
-            driver_blob: &input[FIXED + name_len..],
+            driver_blob,
         })
     }
 
@@ -293,7 +307,7 @@ pub(crate) mod blob {
         use super::*;
 
         #[test]
-        fn round_trip_and_every_truncation_is_refused() {
+        fn round_trip_and_every_damage_is_refused() {
             let blob = encode("loopback", 0x1000, 64, &[1, 2, 3]);
             let d = decode(&blob).unwrap();
             assert_eq!(
@@ -306,19 +320,23 @@ pub(crate) mod blob {
                 }
             );
             for cut in 0..blob.len() {
-                assert_eq!(
-                    decode(&blob[..cut]),
-                    Err(Status::InvalidArgument),
-                    "cut at {cut}"
-                );
+                assert!(decode(&blob[..cut]).is_err(), "cut at {cut}");
             }
             let mut long = blob.clone();
             long.push(0);
-            assert!(decode(&long).is_err());
-            let mut wrap = encode("x", u64::MAX, 2, &[]);
-            assert!(decode(&wrap).is_err(), "bounds that overflow");
-            wrap[0] = b'X';
-            assert!(decode(&wrap).is_err());
+            assert!(decode(&long).is_err(), "a trailing byte");
+            assert!(decode(&encode("x", u64::MAX, 2, &[])).is_err(), "wraps");
+            assert!(decode(&encode("x", 0x1000, 0, &[])).is_err(), "empty");
+            assert!(decode(&encode("", 0x1000, 8, &[])).is_err(), "no name");
+            assert!(decode(&encode("\u{ff}", 0x1000, 8, &[])[..]).is_ok());
+            let mut not_utf8 = encode("ab", 0x1000, 8, &[]);
+            not_utf8[FIXED] = 0xff;
+            assert!(decode(&not_utf8).is_err(), "not UTF-8");
+            for (at, value) in [(0, b'X'), (4, 1), (4, 3)] {
+                let mut bad = blob.clone();
+                bad[at] = value;
+                assert!(decode(&bad).is_err(), "byte {at} = {value}");
+            }
             assert!(decode(&[0xff; 40]).is_err());
         }
     }

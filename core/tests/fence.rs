@@ -1287,9 +1287,25 @@ fn r26_an_idle_worker_flush_completes_at_once(over: Over) {
     named.endpoint = 1;
     let cqes = r.run(&[named]);
     assert_eq!(cqes[0].res, Status::InvalidEndpoint.as_raw());
-    // Garbage in the fields a FLUSH does not use changes nothing.
-    let mut noisy = Sqe::flush_worker();
-    (noisy.operand, noisy.operand2, noisy.len) = (u64::MAX, 0xdead_beef, 7);
+    // Garbage in the fields a FLUSH does not use is refused, each field on
+    // its own; the flush after them still completes.
+    let noisy = Sqe::flush_worker();
+    let cqes = r.run(&[
+        Sqe {
+            operand: u64::MAX,
+            ..noisy
+        },
+        Sqe {
+            operand2: 0xdead_beef,
+            ..noisy
+        },
+        Sqe { len: 7, ..noisy },
+    ]);
+    assert!(
+        cqes.iter()
+            .all(|c| c.res == Status::InvalidArgument.as_raw()),
+        "{cqes:?}"
+    );
     all_ok(&r.run(&[r.put(0, 0, false, false), noisy]));
 }
 

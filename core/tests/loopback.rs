@@ -328,7 +328,7 @@ fn every_invalid_sqe_gets_its_own_status_and_writes_nothing() {
         let cases: Vec<(Sqe, Status)> = vec![
             (bad_opcode, Status::InvalidOpcode),
             (bad_flags, Status::InvalidFlags),
-            (reserved, Status::InvalidFlags),
+            (reserved, Status::InvalidArgument),
             (bad_subop, Status::InvalidSubop),
             (put_subop, Status::InvalidSubop),
             (
@@ -706,9 +706,16 @@ fn forged_and_foreign_keys_are_refused() {
         let other_buf = other.alloc_registered(64).unwrap();
         let foreign = other.pack_rkey(other_buf.handle()).unwrap();
         assert!(p.initiator.unpack_rkey(p.ep, &foreign).is_err());
-        // A forged secret: flip a byte of the driver part (the last 8 bytes).
+        // A forged secret: flip a byte of the driver part (its last 8
+        // bytes, before the key's 4-byte integrity check). Refused at
+        // unpack as damage; forged with a correct check (anyone can compute
+        // it), the target refuses every access.
         let mut forged = key.clone();
-        *forged.last_mut().unwrap() ^= 0x55;
+        let at = forged.len() - 5;
+        forged[at] ^= 0x55;
+        let e = p.initiator.unpack_rkey(p.ep, &forged).unwrap_err();
+        assert!(matches!(e, ringfence::Error::Malformed { .. }), "{e}");
+        ringfence::reseal(&mut forged);
         let bad = p.initiator.unpack_rkey(p.ep, &forged).unwrap();
         let src = p.initiator.alloc_registered(8).unwrap();
         src.write(0, &[1; 8]);
@@ -1034,7 +1041,8 @@ fn store_u64_is_one_word_a_peer_reads() {
 
 /// A FLUSH succeeds only if the peer is alive when it completes, even
 /// with nothing to flush (`Driver::check_alive`); so does a graceful
-/// CLOSE, which closes the endpoint all the same. Over a peer that lives,
+/// CLOSE, which closes the endpoint all the same; a FENCE on the failed
+/// endpoint fails too. Over a peer that lives,
 /// both succeed.
 #[test]
 fn a_flush_with_nothing_to_flush_fails_once_the_peer_is_gone() {
@@ -1056,6 +1064,10 @@ fn a_flush_with_nothing_to_flush_fails_once_the_peer_is_gone() {
         } = p;
         drop(target);
         let c = run(&initiator, &mut qp, &[flush], 1);
+        assert_eq!(c[0].res, Status::PeerUnreachable.as_raw(), "{over:?}");
+        // The endpoint failed with it: a FENCE there fails the same way.
+        let fence = Sqe::fence(e, ringfence_ring::FenceMode::ORDER).with_user_data(3);
+        let c = run(&initiator, &mut qp, &[fence], 1);
         assert_eq!(c[0].res, Status::PeerUnreachable.as_raw(), "{over:?}");
         let close = Sqe::close(e, ringfence_ring::CloseMode::GRACEFUL).with_user_data(2);
         let c = run(&initiator, &mut qp, &[close], 1);

@@ -10,6 +10,10 @@
 //!   [`Corrupt`]. Entries are copied out before the caller sees them, so a
 //!   peer that rewrites a slot after publishing cannot change what the caller
 //!   validated.
+//! - When the ring is empty the consumer also reads the producer's flags: a
+//!   producer that gave the ring up ([`ProducerLine::FAILED`]) publishes
+//!   nothing more, so the ring is reported [`Corrupt`] instead of empty.
+//!   Entries it published before stay readable first.
 
 use crate::entry::Entry;
 use crate::error::Corrupt;
@@ -55,8 +59,24 @@ impl<T: Entry> Consumer<T> {
     fn refresh_tail(&mut self) -> Result<u32, Corrupt> {
         // Acquire: makes the entries in [head, tail) visible; pairs with the
         // Release store in `Producer::submit`.
-        let tail = self.ring.producer_line().tail.load(Ordering::Acquire);
-        let ready = tail.wrapping_sub(self.head);
+        let line = self.ring.producer_line();
+        let mut tail = line.tail.load(Ordering::Acquire);
+        let mut ready = tail.wrapping_sub(self.head);
+        // Acquire: pairs with the Release store in `Producer::fail`. Only
+        // when the ring looks empty; the word shares the tail's line.
+        if ready == 0 && line.flags.load(Ordering::Acquire) & ProducerLine::FAILED != 0 {
+            // Acquire, after the flag: sees every entry the producer
+            // published before it gave the ring up.
+            tail = line.tail.load(Ordering::Acquire);
+            ready = tail.wrapping_sub(self.head);
+            if ready == 0 {
+                return Err(Corrupt {
+                    head: self.head,
+                    tail,
+                    capacity: self.capacity(),
+                });
+            }
+        }
         if ready > self.capacity() {
             return Err(Corrupt {
                 head: self.head,
@@ -66,6 +86,57 @@ impl<T: Entry> Consumer<T> {
         }
         self.cached_tail = tail;
         Ok(ready)
+    }
+
+    /// Gives the ring up: sets [`FAILED`](ConsumerLine::FAILED) (and clears
+    /// [`NEED_WAKEUP`](ConsumerLine::NEED_WAKEUP)) in this side's flags.
+    /// The producer sees it when its cached view says the ring is full and
+    /// reports the ring [`Corrupt`] from then on. For a consumer that found
+    /// the ring memory corrupt; it should consume nothing more.
+    pub fn fail(&mut self) {
+        // Release: pairs with the Acquire load in `Producer::refresh_head`.
+        self.ring
+            .consumer_line()
+            .flags
+            .store(ConsumerLine::FAILED, Ordering::Release);
+    }
+
+    /// Whether the producer gave the ring up
+    /// ([`ProducerLine::FAILED`]).
+    ///
+    /// # Staleness
+    /// The producer may set it right after this returns.
+    pub fn peer_failed(&self) -> bool {
+        // Acquire: pairs with the Release store in `Producer::fail`.
+        self.ring.producer_line().flags.load(Ordering::Acquire) & ProducerLine::FAILED != 0
+    }
+
+    /// Checks that the head in ring memory is the one this side published
+    /// last: only this side writes it, so anything else there is garbage
+    /// (which the producer would read as the ring's free space). For a
+    /// slow path, such as a ring found empty.
+    ///
+    /// # Errors
+    /// [`Corrupt`] (with the head found there) if it differs.
+    pub fn check_shared_head(&self) -> Result<(), Corrupt> {
+        // Relaxed: this side wrote the word last, unless someone scribbled.
+        let shared = self.ring.consumer_line().head.load(Ordering::Relaxed);
+        if shared == self.head {
+            return Ok(());
+        }
+        Err(Corrupt {
+            head: shared,
+            tail: self.cached_tail,
+            capacity: self.capacity(),
+        })
+    }
+
+    /// This side's flags word, less the NEED_WAKEUP bit: what a wait's
+    /// store must keep ([`FAILED`](ConsumerLine::FAILED) is sticky).
+    #[inline]
+    fn kept_flags(&self) -> u32 {
+        // Relaxed: only this side writes the word.
+        self.ring.consumer_line().flags.load(Ordering::Relaxed) & ConsumerLine::FAILED
     }
 
     /// At least `want` ready entries, or as many as there are.
@@ -86,7 +157,8 @@ impl<T: Entry> Consumer<T> {
     /// a lower bound.
     ///
     /// # Errors
-    /// [`Corrupt`] if the shared tail is inconsistent.
+    /// [`Corrupt`] if the shared tail is inconsistent, or the ring is empty
+    /// and the producer gave it up ([`ProducerLine::FAILED`]).
     pub fn ready(&mut self) -> Result<u32, Corrupt> {
         self.refresh_tail()
     }
@@ -106,7 +178,8 @@ impl<T: Entry> Consumer<T> {
     /// A copy of the oldest entry, left in the ring.
     ///
     /// # Errors
-    /// [`Corrupt`] if the shared tail is inconsistent.
+    /// [`Corrupt`] if the shared tail is inconsistent, or the ring is empty
+    /// and the producer gave it up ([`ProducerLine::FAILED`]).
     #[inline]
     pub fn peek(&mut self) -> Result<Option<T>, Corrupt> {
         if self.available(1)? == 0 {
@@ -166,10 +239,11 @@ impl<T: Entry> Consumer<T> {
     /// # Errors
     /// [`Corrupt`] if the shared tail is inconsistent (the flag is cleared).
     pub fn prepare_wait(&mut self) -> Result<bool, Corrupt> {
+        let kept = self.kept_flags();
         let line = self.ring.consumer_line();
         // Relaxed: the fence below orders it. Only the consumer writes flags.
         line.flags
-            .store(ConsumerLine::NEED_WAKEUP, Ordering::Relaxed);
+            .store(ConsumerLine::NEED_WAKEUP | kept, Ordering::Relaxed);
         // SeqCst fence: orders the flag store before the tail load; pairs
         // with the fence in `Producer::needs_wakeup`.
         fence(Ordering::SeqCst);
@@ -188,12 +262,26 @@ impl<T: Entry> Consumer<T> {
     /// itself. Call it from the thread that publishes the head.
     ///
     /// # Errors
-    /// [`Corrupt`] if the indices are inconsistent.
+    /// [`Corrupt`] if the indices are inconsistent, or the ring is empty and
+    /// the producer gave it up ([`ProducerLine::FAILED`]).
     pub fn ready_published(&self) -> Result<u32, Corrupt> {
         // Relaxed: the calling thread published the head itself.
         let head = self.ring.consumer_line().head.load(Ordering::Relaxed);
+        let line = self.ring.producer_line();
         // Acquire: pairs with the Release store in `Producer::submit`.
-        let tail = self.ring.producer_line().tail.load(Ordering::Acquire);
+        let mut tail = line.tail.load(Ordering::Acquire);
+        // Acquire: pairs with the Release store in `Producer::fail`; then
+        // the tail again, as in `refresh_tail`.
+        if tail == head && line.flags.load(Ordering::Acquire) & ProducerLine::FAILED != 0 {
+            tail = line.tail.load(Ordering::Acquire);
+            if tail == head {
+                return Err(Corrupt {
+                    head,
+                    tail,
+                    capacity: self.capacity(),
+                });
+            }
+        }
         let ready = tail.wrapping_sub(head);
         if ready > self.capacity() {
             return Err(Corrupt {
@@ -211,18 +299,23 @@ impl<T: Entry> Consumer<T> {
     /// [`prepare_wait`](Consumer::prepare_wait)). Clear it with
     /// [`finish_wait`](Consumer::finish_wait).
     pub fn request_wakeup(&mut self) {
+        let kept = self.kept_flags();
         // Relaxed: the caller's fence orders it. Only the consumer writes
         // flags.
         self.ring
             .consumer_line()
             .flags
-            .store(ConsumerLine::NEED_WAKEUP, Ordering::Relaxed);
+            .store(ConsumerLine::NEED_WAKEUP | kept, Ordering::Relaxed);
     }
 
     /// Clears `NEED_WAKEUP` after a wait.
     pub fn finish_wait(&mut self) {
+        let kept = self.kept_flags();
         // Relaxed: a stale flag costs the producer one spurious wake-up.
-        self.ring.consumer_line().flags.store(0, Ordering::Relaxed);
+        self.ring
+            .consumer_line()
+            .flags
+            .store(kept, Ordering::Relaxed);
     }
 
     /// Waits on `bell` until an entry is ready or `timeout` passes; returns

@@ -15,6 +15,16 @@
 //! | 640 + 64 × S        | 16 × C   | CQ entries ([`Cqe`](crate::Cqe))       |
 //!
 //! The total is rounded up to a whole page.
+//!
+//! Each index line holds one side's index and that side's flags word:
+//!
+//! | line                 | flags                                    |
+//! |----------------------|------------------------------------------|
+//! | [`ProducerLine`]     | [`OVERFLOW`](ProducerLine::OVERFLOW) (bit 0), [`FAILED`](ProducerLine::FAILED) (bit 1) |
+//! | [`ConsumerLine`]     | [`NEED_WAKEUP`](ConsumerLine::NEED_WAKEUP) (bit 0), [`FAILED`](ConsumerLine::FAILED) (bit 1) |
+//!
+//! `FAILED` is sticky and set only by the word's owner (see the crate docs,
+//! "Giving a ring up"). No other bits are defined.
 
 use crate::sync::AtomicU32;
 #[cfg(not(loom))]
@@ -29,8 +39,8 @@ pub struct ProducerLine {
     /// producer (Release, once per batch); read by the consumer (Acquire).
     /// Any value may be found here in shared memory: readers validate it.
     pub(crate) tail: AtomicU32,
-    /// Producer-owned flags ([`ProducerLine::OVERFLOW`]). Written only by
-    /// the producer.
+    /// Producer-owned flags ([`ProducerLine::OVERFLOW`],
+    /// [`ProducerLine::FAILED`]). Written only by the producer.
     pub(crate) flags: AtomicU32,
     /// The rest of the line: see [`Reserved`].
     reserved: Reserved,
@@ -43,8 +53,8 @@ pub struct ConsumerLine {
     /// Free-running count of entries consumed. Written only by the consumer
     /// (Release); read by the producer (Acquire) when its cache says full.
     pub(crate) head: AtomicU32,
-    /// Consumer-owned flags ([`ConsumerLine::NEED_WAKEUP`]). Written only by
-    /// the consumer.
+    /// Consumer-owned flags ([`ConsumerLine::NEED_WAKEUP`],
+    /// [`ConsumerLine::FAILED`]). Written only by the consumer.
     pub(crate) flags: AtomicU32,
     /// The rest of the line: see [`Reserved`].
     reserved: Reserved,
@@ -82,6 +92,11 @@ impl ProducerLine {
     /// In a CQ: the engine holds completions it could not post because the
     /// CQ was full; it takes no new SQEs until the application makes room.
     pub const OVERFLOW: u32 = 1 << 0;
+    /// The producer gave the ring up (it found the ring memory corrupt): it
+    /// publishes nothing more. Set once (Release) by the producer, never
+    /// cleared; the consumer reads it when the ring is empty (crate docs,
+    /// "Giving a ring up").
+    pub const FAILED: u32 = 1 << 1;
 
     /// A line with every index and flag zero.
     pub(crate) fn new() -> Self {
@@ -97,6 +112,11 @@ impl ConsumerLine {
     /// The consumer is asleep, or about to be: the producer must ring the
     /// doorbell after publishing.
     pub const NEED_WAKEUP: u32 = 1 << 0;
+    /// The consumer gave the ring up (it found the ring memory corrupt): it
+    /// consumes nothing more. Set once (Release) by the consumer, never
+    /// cleared; the producer reads it when its cached view says full (crate
+    /// docs, "Giving a ring up").
+    pub const FAILED: u32 = 1 << 1;
 
     /// A line with every index and flag zero.
     pub(crate) fn new() -> Self {

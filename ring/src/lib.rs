@@ -26,6 +26,7 @@
 //! | `ConsumerLine::head` | consumer, once per `pop`/`pop_batch` | producer, when its cached head says full | Release store / Acquire load | `Consumer::release` ↔ `Producer::refresh_head`: the consumer's copies are done before slots are reused |
 //! | `ConsumerLine::flags` (`NEED_WAKEUP`) | consumer (`prepare_wait`, `finish_wait`) | producer (`needs_wakeup`) | Relaxed, each side fenced by SeqCst | the two SeqCst fences (store-buffering; see [`Producer::needs_wakeup`]) |
 //! | `ProducerLine::flags` (`OVERFLOW`) | producer (`set_overflow`) | consumer (`is_overflowed`) | Release / Acquire | each other |
+//! | `ProducerLine::flags`, `ConsumerLine::flags` (`FAILED`) | the word's owner, once, never cleared (`Producer::fail`, `Consumer::fail`) | the other side, on its slow paths only: the producer when its cached head says full (`refresh_head`), the consumer when the ring is empty (`refresh_tail`) | Release / Acquire | each other: a consumer that sees `FAILED` sees every entry published before it |
 //! | `RegionHeader::claims` | whoever takes a side | the same | AcqRel `fetch_or` | itself (one-shot lock) |
 //! | `WakeFlag::flag` | consumer (`announce`, `withdraw`) | producer (`is_announced`) | Relaxed, each side fenced by SeqCst | the two SeqCst fences, as `NEED_WAKEUP` |
 //!
@@ -48,6 +49,20 @@
 //! and checked once at [`Region::attach`], which also requires the memfd to
 //! be sealed against shrinking. Garbage in shared memory yields errors,
 //! never undefined behaviour in this process.
+//!
+//! # Giving a ring up
+//!
+//! A side that finds the ring memory corrupt can tell the other side so:
+//! [`Producer::fail`] or [`Consumer::fail`] sets `FAILED`
+//! ([`ProducerLine::FAILED`], [`ConsumerLine::FAILED`], bit 1) in its own
+//! flags word, with one Release store, and it is never cleared. The other
+//! side does not look for it per entry: a producer reads it when its cached
+//! view says the ring is full, a consumer when the ring is empty (entries
+//! published before the flag stay readable first). From then on that side
+//! gets [`Corrupt`] (with [`Corrupt::marked_failed`] set if its own indices
+//! look fine) instead of waiting for room or entries that will never come.
+//! The ringfence engine sets it on the SQ and the CQ of a queue pair whose
+//! memory it found corrupt.
 //!
 //! # Quick start
 //! ```

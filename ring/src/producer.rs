@@ -14,6 +14,9 @@
 //! - The producer never trusts the shared copy of its own index; it trusts
 //!   its local `tail`. The consumer's `head` comes from shared memory and is
 //!   checked: `tail - head` must not exceed the capacity.
+//! - When it reloads the head it also reads the consumer's flags: a
+//!   consumer that gave the ring up ([`ConsumerLine::FAILED`]) frees no
+//!   more slots, so the ring is reported [`Corrupt`] instead of full.
 
 use crate::entry::Entry;
 use crate::error::{Corrupt, RingError};
@@ -75,11 +78,15 @@ impl<T: Entry> Producer<T> {
     /// Reloads the consumer's head and returns the free slot count.
     #[cold]
     fn refresh_head(&mut self) -> Result<u32, Corrupt> {
+        let line = self.ring.consumer_line();
         // Acquire: observes the consumer's reads of every slot before `head`
         // as done; pairs with the Release store in `Consumer::release`.
-        let head = self.ring.consumer_line().head.load(Ordering::Acquire);
+        let head = line.head.load(Ordering::Acquire);
         let used = self.tail.wrapping_sub(head);
-        if used > self.capacity() {
+        // Acquire: pairs with the Release store in `Consumer::fail`. The
+        // word shares the head's line: no extra miss.
+        let failed = line.flags.load(Ordering::Acquire) & ConsumerLine::FAILED != 0;
+        if used > self.capacity() || failed {
             return Err(Corrupt {
                 head,
                 tail: self.tail,
@@ -97,7 +104,8 @@ impl<T: Entry> Producer<T> {
     /// is a lower bound.
     ///
     /// # Errors
-    /// [`Corrupt`] if the shared head contradicts the local tail.
+    /// [`Corrupt`] if the shared head contradicts the local tail, or the
+    /// consumer gave the ring up ([`ConsumerLine::FAILED`]).
     pub fn free(&mut self) -> Result<u32, Corrupt> {
         self.refresh_head()
     }
@@ -118,8 +126,9 @@ impl<T: Entry> Producer<T> {
     ///
     /// # Errors
     /// [`RingError::Full`] if the consumer has not freed a slot;
-    /// [`RingError::Corrupt`] if the shared head is inconsistent. Nothing is
-    /// written in either case.
+    /// [`RingError::Corrupt`] if the shared head is inconsistent, or the
+    /// ring looked full and the consumer gave it up
+    /// ([`ConsumerLine::FAILED`]). Nothing is written in either case.
     #[inline]
     pub fn push(&mut self, entry: T) -> Result<(), RingError> {
         if self.reserve(1)? == 0 {
@@ -270,19 +279,47 @@ impl<T: Entry> Producer<T> {
     }
 
     /// Sets or clears the [`OVERFLOW`](crate::ProducerLine::OVERFLOW) flag
-    /// (a CQ producer holds completions that did not fit).
+    /// (a CQ producer holds completions that did not fit). A
+    /// [`FAILED`](crate::ProducerLine::FAILED) flag stays.
     #[inline]
     pub fn set_overflow(&mut self, overflow: bool) {
+        let line = self.ring.producer_line();
         let flags = if overflow {
             crate::ProducerLine::OVERFLOW
         } else {
             0
         };
+        // Relaxed: only this side writes the word.
+        let failed = line.flags.load(Ordering::Relaxed) & crate::ProducerLine::FAILED;
         // Release: a consumer that sees the flag cleared also sees the
         // entries published before it; pairs with `Consumer::is_overflowed`.
+        line.flags.store(flags | failed, Ordering::Release);
+    }
+
+    /// Gives the ring up: publishes what was pushed, then sets
+    /// [`FAILED`](crate::ProducerLine::FAILED) (and clears
+    /// [`OVERFLOW`](crate::ProducerLine::OVERFLOW)) in this side's flags.
+    /// The consumer sees it once the ring is empty and reports the ring
+    /// [`Corrupt`] from then on. For a producer that found the ring memory
+    /// corrupt; it should publish nothing more.
+    pub fn fail(&mut self) {
+        self.submit();
+        // Release: the entries published above are visible to a consumer
+        // that sees the flag; pairs with the Acquire load in
+        // `Consumer::refresh_tail`.
         self.ring
             .producer_line()
             .flags
-            .store(flags, Ordering::Release);
+            .store(crate::ProducerLine::FAILED, Ordering::Release);
+    }
+
+    /// Whether the consumer gave the ring up
+    /// ([`ConsumerLine::FAILED`]).
+    ///
+    /// # Staleness
+    /// The consumer may set it right after this returns.
+    pub fn peer_failed(&self) -> bool {
+        // Acquire: pairs with the Release store in `Consumer::fail`.
+        self.ring.consumer_line().flags.load(Ordering::Acquire) & ConsumerLine::FAILED != 0
     }
 }

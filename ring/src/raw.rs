@@ -492,6 +492,61 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_ring_is_corrupt_on_the_slow_paths_only() {
+        // The producer gives up: what it published stays readable first.
+        let (mut tx, mut rx) = channel::<Cqe>(4);
+        tx.push(cqe(1)).unwrap();
+        tx.set_overflow(true);
+        tx.push(cqe(2)).unwrap(); // pushed, published by `fail`
+        tx.fail();
+        assert!(
+            rx.peer_failed() && !rx.is_overflowed(),
+            "FAILED, OVERFLOW cleared"
+        );
+        tx.set_overflow(true);
+        assert!(rx.peer_failed(), "set_overflow keeps FAILED");
+        assert_eq!(rx.pop(), Ok(Some(cqe(1))));
+        assert_eq!(rx.pop(), Ok(Some(cqe(2))));
+        let err = rx.pop().unwrap_err();
+        assert!(err.marked_failed(), "{err}");
+        assert!(err.to_string().contains("ring failed"));
+        assert_eq!(rx.ready(), Err(err));
+        assert_eq!(rx.ready_published(), Err(err));
+        assert_eq!(rx.prepare_wait(), Err(err));
+
+        // The consumer gives up: the producer sees it once it looks full,
+        // not before (no shared access while its cache says there is room).
+        let (mut tx, mut rx) = channel::<Cqe>(2);
+        rx.fail();
+        assert!(tx.peer_failed());
+        rx.request_wakeup();
+        rx.finish_wait();
+        assert!(tx.peer_failed(), "the wait's stores keep FAILED");
+        tx.push(cqe(1)).unwrap();
+        tx.push(cqe(2)).unwrap();
+        let err = tx.push(cqe(3)).unwrap_err();
+        assert!(
+            matches!(err, RingError::Corrupt(c) if c.marked_failed()),
+            "{err}"
+        );
+        assert_eq!(err.status(), crate::Status::RingCorrupt);
+        assert!(tx.free().is_err());
+    }
+
+    #[test]
+    fn the_consumer_checks_the_head_only_it_writes() {
+        let (mut tx, mut rx) = channel::<Cqe>(4);
+        tx.push(cqe(1)).unwrap();
+        tx.submit();
+        assert_eq!(rx.pop(), Ok(Some(cqe(1))));
+        assert_eq!(rx.check_shared_head(), Ok(()));
+        rx.ring.consumer_line().head.store(77, Ordering::Release);
+        let err = rx.check_shared_head().unwrap_err();
+        assert_eq!(err.head, 77);
+        assert!(!err.marked_failed());
+    }
+
+    #[test]
     fn producer_and_consumer_on_two_threads() {
         let n: u64 = if cfg!(miri) { 200 } else { 200_000 };
         let (mut tx, mut rx) = channel::<Cqe>(16);

@@ -27,7 +27,43 @@ pub struct RemoteBuf {
 /// The layout is ABI (mirrored by `struct rf_sqe` in C) and every field's
 /// offset is pinned below. Fields are public because applications and C code
 /// fill entries in place; the engine treats every field as untrusted and
-/// validates it before use. Reserved fields must be zero.
+/// validates it before use.
+///
+/// # Fields an opcode does not use
+///
+/// Every field an opcode does not use must be zero, so that a later version
+/// can give it a meaning without old callers' garbage changing what their
+/// entries do. The engine checks them all (see [`Sqe::unused_bits`]) and
+/// completes an entry that breaks a rule with exactly one error CQE,
+/// having moved no byte:
+///
+/// | what is wrong                                        | status                   |
+/// |------------------------------------------------------|--------------------------|
+/// | `opcode` unknown                                     | [`Status::InvalidOpcode`]|
+/// | a `flags` bit this version does not define           | [`Status::InvalidFlags`] |
+/// | a field the opcode does not use is not zero (below)  | [`Status::InvalidArgument`] |
+/// | `subop` not zero where the opcode takes none, or not one of its values | [`Status::InvalidSubop`] |
+///
+/// What each opcode uses (`opcode`, `flags` and `user_data` always):
+///
+/// | opcode   | uses                                                                  |
+/// |----------|-----------------------------------------------------------------------|
+/// | `NOP`    | nothing else                                                          |
+/// | `PUT`, `GET` | `endpoint`, `len`, `local_mem`, `local_addr`, `rkey`, `remote_addr` |
+/// | `ATOMIC` | `subop`, `endpoint`, `len` (8), `rkey`, `remote_addr`, `operand`; `local_mem` and `local_addr` unless `ADD`; `operand2` for `CSWAP` only |
+/// | `FENCE`, `CLOSE` | `subop`, `endpoint`                                           |
+/// | `FLUSH`  | `subop`; `endpoint` for scope `ENDPOINT` (scope `WORKER`: a non-zero `endpoint` is [`Status::InvalidEndpoint`]) |
+/// | `NOTIFY` | `endpoint`, `len`, `local_mem`, `local_addr` (the payload, not looked up when `len` is 0), `operand` (the tag) |
+///
+/// `reserved0` and `reserved1` are used by no opcode. The flag bit this
+/// version defines, [`SqeFlags::SKIP_SUCCESS`], means the same for every
+/// opcode.
+///
+/// [`Status::InvalidOpcode`]: crate::Status::InvalidOpcode
+/// [`Status::InvalidFlags`]: crate::Status::InvalidFlags
+/// [`Status::InvalidArgument`]: crate::Status::InvalidArgument
+/// [`Status::InvalidSubop`]: crate::Status::InvalidSubop
+/// [`Status::InvalidEndpoint`]: crate::Status::InvalidEndpoint
 ///
 /// # Examples
 /// ```
@@ -44,29 +80,31 @@ pub struct Sqe {
     pub opcode: u8,
     /// [`SqeFlags`], raw.
     pub flags: u8,
-    /// The [`AtomicOp`] of an ATOMIC, the [`FenceMode`] of a FENCE or the
-    /// [`FlushScope`] of a FLUSH, raw;
-    /// zero otherwise.
+    /// The [`AtomicOp`] of an ATOMIC, the [`FenceMode`] of a FENCE, the
+    /// [`CloseMode`] of a CLOSE or the [`FlushScope`] of a FLUSH, raw;
+    /// zero otherwise (else `InvalidSubop`).
     pub subop: u8,
-    /// Reserved; must be zero.
+    /// Reserved; must be zero (else `InvalidArgument`).
     pub reserved0: u8,
-    /// The endpoint id (NOP ignores it).
+    /// The endpoint id; zero for a NOP and a worker FLUSH.
     pub endpoint: u32,
-    /// Bytes to move (PUT, GET, NOTIFY); 8 for ATOMIC.
+    /// Bytes to move (PUT, GET, NOTIFY); 8 for ATOMIC; zero otherwise.
     pub len: u32,
-    /// Local memory handle of `local_addr`.
+    /// Local memory handle of `local_addr`; zero where that is.
     pub local_mem: u32,
     /// Local address: PUT source, GET destination, fetched value of an
-    /// atomic, NOTIFY payload.
+    /// atomic other than ADD, NOTIFY payload; zero otherwise.
     pub local_addr: u64,
-    /// Remote address of PUT, GET and ATOMIC.
+    /// Remote address of PUT, GET and ATOMIC; zero otherwise.
     pub remote_addr: u64,
-    /// Remote key id of `remote_addr`.
+    /// Remote key id of `remote_addr`; zero where that is.
     pub rkey: u32,
-    /// Reserved; must be zero.
+    /// Reserved; must be zero (else `InvalidArgument`).
     pub reserved1: u32,
     /// ATOMIC operand: the addend, the new value of SWAP, the compare value
     /// of CSWAP. Copied at submission: the caller's memory is never re-read.
+    /// The tag of a NOTIFY (the `user_data` of the target's CQE). Zero
+    /// otherwise.
     pub operand: u64,
     /// The swap value of CSWAP; zero otherwise.
     pub operand2: u64,
@@ -344,6 +382,41 @@ impl Sqe {
         self.reserved0 == 0 && self.reserved1 == 0
     }
 
+    /// The fields this entry's opcode does not use (see the table on
+    /// [`Sqe`]), ORed together: zero exactly when each of them is zero, as
+    /// it must be. `opcode`, `flags`, `subop` and `user_data` are not part
+    /// of it (their own checks say what is wrong with them); neither is
+    /// `endpoint` of a FLUSH (a worker FLUSH's is `InvalidEndpoint`), nor
+    /// what depends on an unknown opcode or sub-operation.
+    ///
+    /// One OR of words, no branch per field: cheap enough for every SQE.
+    #[inline]
+    pub const fn unused_bits(&self) -> u64 {
+        let reserved = self.reserved0 as u64 | self.reserved1 as u64;
+        let local = self.local_mem as u64 | self.local_addr;
+        let remote = self.rkey as u64 | self.remote_addr;
+        let operands = self.operand | self.operand2;
+        match Opcode::from_raw(self.opcode) {
+            Some(Opcode::PUT | Opcode::GET) => reserved | operands,
+            Some(Opcode::ATOMIC) => {
+                let by_op = match AtomicOp::from_raw(self.subop) {
+                    Some(AtomicOp::ADD) => local | self.operand2,
+                    Some(AtomicOp::CSWAP) | None => 0,
+                    Some(_) => self.operand2,
+                };
+                reserved | by_op
+            }
+            Some(Opcode::NOTIFY) => reserved | remote | self.operand2,
+            Some(Opcode::FENCE | Opcode::FLUSH | Opcode::CLOSE) => {
+                reserved | self.len as u64 | local | remote | operands
+            }
+            Some(Opcode::NOP) => {
+                reserved | self.endpoint as u64 | self.len as u64 | local | remote | operands
+            }
+            _ => 0,
+        }
+    }
+
     /// The local buffer named by this entry.
     #[inline]
     pub const fn local(&self) -> LocalBuf {
@@ -446,6 +519,95 @@ mod tests {
 
         let skip = Sqe::nop().with_flags(SqeFlags::SKIP_SUCCESS);
         assert_eq!(skip.flags(), Ok(SqeFlags::SKIP_SUCCESS));
+    }
+
+    #[test]
+    fn builders_leave_unused_fields_zero_and_each_one_counts() {
+        let all = [
+            Sqe::nop(),
+            Sqe::put(3, L, R, 100),
+            Sqe::get(3, L, R, 100),
+            Sqe::atomic_add(1, R, 5),
+            Sqe::atomic_fadd(1, L, R, 6),
+            Sqe::atomic_swap(1, L, R, 7),
+            Sqe::atomic_cswap(1, L, R, 8, 9),
+            Sqe::fence(2, FenceMode::COMPLETE),
+            Sqe::flush(6),
+            Sqe::flush_worker(),
+            Sqe::notify(7, L, 12),
+            Sqe::notify(7, L, 0),
+            Sqe::close(5, CloseMode::FORCE),
+        ];
+        for sqe in all {
+            assert_eq!(sqe.unused_bits(), 0, "{sqe:?}");
+            let mut r0 = sqe;
+            r0.reserved0 = 0x80;
+            let mut r1 = sqe;
+            r1.reserved1 = 1 << 31;
+            assert_ne!(r0.unused_bits(), 0);
+            assert_ne!(r1.unused_bits(), 0);
+        }
+        let add = Sqe::atomic_add(1, R, 5);
+        assert_ne!(
+            Sqe {
+                local_mem: 1,
+                ..add
+            }
+            .unused_bits(),
+            0
+        );
+        assert_ne!(
+            Sqe {
+                local_addr: 1 << 63,
+                ..add
+            }
+            .unused_bits(),
+            0
+        );
+        assert_ne!(Sqe { operand2: 1, ..add }.unused_bits(), 0);
+        let put = Sqe::put(3, L, R, 100);
+        assert_ne!(Sqe { operand2: 1, ..put }.unused_bits(), 0);
+        assert_ne!(Sqe { operand: 1, ..put }.unused_bits(), 0);
+        let notify = Sqe::notify(7, L, 12);
+        assert_eq!(
+            Sqe {
+                operand: 9,
+                ..notify
+            }
+            .unused_bits(),
+            0,
+            "the tag"
+        );
+        assert_ne!(Sqe { rkey: 1, ..notify }.unused_bits(), 0);
+        let fence = Sqe::fence(2, FenceMode::ORDER);
+        assert_ne!(Sqe { len: 1, ..fence }.unused_bits(), 0);
+        assert_ne!(
+            Sqe {
+                endpoint: 1,
+                ..Sqe::nop()
+            }
+            .unused_bits(),
+            0
+        );
+        // Unknown opcodes and sub-operations: their own checks answer.
+        assert_eq!(
+            Sqe {
+                opcode: 0xee,
+                operand: 1,
+                ..put
+            }
+            .unused_bits(),
+            0
+        );
+        assert_eq!(
+            Sqe {
+                subop: 0x77,
+                operand2: 1,
+                ..add
+            }
+            .unused_bits(),
+            0
+        );
     }
 
     #[test]

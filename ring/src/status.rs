@@ -27,8 +27,9 @@ pub enum Status {
     Canceled = -125,
     /// The SQE's opcode is not one this version knows.
     InvalidOpcode = -4097,
-    /// The SQE sets a flag this version does not know, or a reserved field is
-    /// not zero.
+    /// The SQE sets a flag this version does not know. (A non-zero reserved
+    /// field, or any other field the opcode does not use, is
+    /// [`Status::InvalidArgument`].)
     InvalidFlags = -4098,
     /// The SQE names an endpoint that does not exist.
     InvalidEndpoint = -4099,
@@ -60,7 +61,9 @@ pub enum Status {
     RingCorrupt = -4105,
     /// The peer process or host is gone.
     PeerUnreachable = -113,
-    /// An argument is invalid (a NULL pointer, an out-of-range value).
+    /// An argument is invalid (a NULL pointer, an out-of-range value, a
+    /// malformed or damaged blob), or an SQE field its opcode does not use
+    /// (a reserved one among them) is not zero.
     InvalidArgument = -22,
     /// A handle refers to an object that was destroyed.
     StaleHandle = -116,
@@ -123,7 +126,7 @@ impl Status {
         match self {
             Status::Canceled => "operation canceled",
             Status::InvalidOpcode => "unknown opcode",
-            Status::InvalidFlags => "unknown flag or non-zero reserved field",
+            Status::InvalidFlags => "unknown flag",
             Status::InvalidEndpoint => "no such endpoint",
             Status::InvalidMemHandle => "no such local memory handle",
             Status::InvalidRkey => "no such remote key",

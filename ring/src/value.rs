@@ -84,6 +84,16 @@ macro_rules! closed_set {
                 self.0
             }
 
+            /// The value for `raw`; `None` if it is not one this version
+            /// knows (what `TryFrom` does, usable in `const` code).
+            #[inline]
+            pub const fn from_raw(raw: $raw) -> Option<$name> {
+                match raw {
+                    $( v if v == $val => Some($name($val)), )+
+                    _ => None,
+                }
+            }
+
             /// The constant's name.
             pub const fn name(self) -> &'static str {
                 match self.0 {

@@ -137,4 +137,37 @@ mod tests {
             producer.join().unwrap();
         });
     }
+    /// A producer that gives the ring up after publishing: the consumer
+    /// reads every entry published before the flag, then only errors
+    /// (`Producer::fail`'s Release store, `refresh_tail`'s Acquire load and
+    /// second tail load).
+    #[test]
+    fn entries_published_before_fail_are_read_first() {
+        loom::model(|| {
+            let (mut tx, mut rx) = channel::<Cqe>(2);
+            let producer = thread::spawn(move || {
+                tx.push(cqe(0)).unwrap();
+                tx.submit();
+                tx.push(cqe(1)).unwrap();
+                // Publishes the second entry, then sets FAILED.
+                tx.fail();
+            });
+            let mut next = 0;
+            loop {
+                match rx.pop() {
+                    Ok(Some(c)) => {
+                        assert_eq!(c, cqe(next));
+                        next += 1;
+                    }
+                    Ok(None) => thread::yield_now(),
+                    Err(e) => {
+                        assert!(e.marked_failed(), "{e}");
+                        break;
+                    }
+                }
+            }
+            assert_eq!(next, 2, "an entry published before FAILED was lost");
+            producer.join().unwrap();
+        });
+    }
 }

@@ -234,7 +234,8 @@ pub fn checksum(bytes: &[u8]) -> u64 {
 }
 
 /// The shm driver's part of a worker address (the last part; these tests
-/// build workers with the shm driver only): `"SHM1"` + socket name.
+/// build workers with the shm driver only): `"SHM1"` + socket name, then
+/// the address's integrity check.
 ///
 /// # Panics
 /// If the address has no shm part.
@@ -243,5 +244,6 @@ pub fn shm_socket_name(address: &[u8]) -> Vec<u8> {
         .windows(4)
         .position(|w| w == b"SHM1")
         .expect("an shm address part");
-    address[at + 4..].to_vec()
+    // The part runs to the address's 4-byte integrity check.
+    address[at + 4..address.len() - 4].to_vec()
 }

@@ -40,10 +40,16 @@ fn target() {
 
 /// The driver's part of a worker key blob: u32 length, core's header (26
 /// bytes + the driver's name), then the driver's own blob, 48 bytes.
+/// The shm driver's 48-byte part of a packed key of one part: last but
+/// for the key's 4-byte integrity check.
 fn driver_part(blob: &mut [u8]) -> &mut [u8] {
-    let len = blob.len();
-    &mut blob[len - 48..]
+    let end = blob.len() - 4;
+    &mut blob[end - 48..end]
 }
+
+/// Where the engine's part header starts in a packed key (after `"RFKY"`,
+/// format, part count and the part's `u32` length).
+const PART: usize = 6 + 4;
 
 fn status_of(e: &ringfence::Error) -> Status {
     e.status()
@@ -159,9 +165,16 @@ fn out_of_bounds_forged_and_revoked_accesses_are_refused() {
     assert_eq!(res, Status::Misaligned.as_raw());
 
     // Wider bounds forged in the engine's header (the driver's part left
-    // intact): the driver checks the target's true bounds and refuses.
+    // intact): refused at unpack by the key's integrity check; forged with
+    // a correct check, the driver checks the target's true bounds and
+    // refuses.
     let mut wide = key.clone();
-    wide[4 + 14..4 + 22].copy_from_slice(&(1u64 << 20).to_le_bytes());
+    wide[PART + 14..PART + 22].copy_from_slice(&(1u64 << 20).to_le_bytes());
+    assert!(matches!(
+        w.unpack_rkey(ep, &wide).unwrap_err(),
+        ringfence::Error::Malformed { .. }
+    ));
+    ringfence::reseal(&mut wide);
     let wide_rkey = w.unpack_rkey(ep, &wide).unwrap();
     for addr in [base + WINDOW as u64, base + 65536] {
         let res = run_one(
@@ -179,7 +192,8 @@ fn out_of_bounds_forged_and_revoked_accesses_are_refused() {
         assert_eq!(res, Status::OutOfBounds.as_raw());
     }
 
-    // Forged driver parts: refused at unpack, before anything is mapped.
+    // Forged driver parts (with a correct integrity check: a forger can
+    // compute it): refused at unpack, before anything is mapped.
     let cases: [(&str, usize, u8, Status); 4] = [
         ("secret", 24, 1, Status::AccessDenied),
         ("slot", 16, 1, Status::AccessDenied),
@@ -189,11 +203,13 @@ fn out_of_bounds_forged_and_revoked_accesses_are_refused() {
     for (what, offset, flip, status) in cases {
         let mut forged = key.clone();
         driver_part(&mut forged)[offset] ^= flip;
+        ringfence::reseal(&mut forged);
         let err = w.unpack_rkey(ep, &forged).unwrap_err();
         assert_eq!(status_of(&err), status, "forged {what}: {err}");
     }
     let mut bounds = key.clone();
     driver_part(&mut bounds)[40] ^= 0x10; // the length
+    ringfence::reseal(&mut bounds);
     assert_eq!(
         status_of(&w.unpack_rkey(ep, &bounds).unwrap_err()),
         Status::InvalidRkey
@@ -208,6 +224,8 @@ fn out_of_bounds_forged_and_revoked_accesses_are_refused() {
     for (i, b) in driver_part(&mut garbage).iter_mut().enumerate() {
         *b = (i as u8).wrapping_mul(151);
     }
+    assert!(w.unpack_rkey(ep, &garbage).is_err());
+    ringfence::reseal(&mut garbage);
     assert!(w.unpack_rkey(ep, &garbage).is_err());
 
     // Nothing above touched a byte of the target.

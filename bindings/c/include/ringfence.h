@@ -192,6 +192,20 @@
 #define RF_CQ_OVERFLOW 1
 
 /**
+ * In `*sq_shared_flags`: the engine failed this ring (it found the ring
+ * memory corrupt) and takes no more SQEs; `rf_submit` returns
+ * `RF_ERING_CORRUPT`. Set once, never cleared.
+ */
+#define RF_SQ_FAILED 2
+
+/**
+ * In `*cq_shared_flags`: the engine failed this ring and posts no more
+ * CQEs; `rf_peek_cqe` returns `RF_ERING_CORRUPT` once the CQ is empty.
+ * Set once, never cleared.
+ */
+#define RF_CQ_FAILED 2
+
+/**
  * `rf_ep_state`: the driver's handshake goes on; SQEs queue in order and
  * start when it is up.
  */
@@ -235,7 +249,8 @@
 #define RF_EINVALID_OPCODE -4097
 
 /**
- * An unknown SQE flag, or a reserved field is not zero.
+ * An SQE flag bit this version does not define. (A non-zero reserved or
+ * unused SQE field is `RF_EINVALID_ARGUMENT`.)
  */
 #define RF_EINVALID_FLAGS -4098
 
@@ -316,7 +331,9 @@
 
 /**
  * An invalid argument: a NULL pointer, a bad value, a handle of the
- * wrong kind.
+ * wrong kind, a malformed or damaged address or key blob, a non-zero
+ * reserved field, or an SQE field its opcode does not use that is not
+ * zero.
  */
 #define RF_EINVALID_ARGUMENT -22
 
@@ -370,7 +387,21 @@ typedef uint64_t rf_worker_t;
 /**
  * A submission queue entry: one operation, exactly 64 bytes. The same
  * layout as the Rust `ringfence_ring::Sqe` (asserted on both sides). Fill
- * it with the `rf_prep_*` helpers; reserved fields must be zero.
+ * it with the `rf_prep_*` helpers, which write all 64 bytes.
+ *
+ * Every field the opcode does not use must be zero, so that a later
+ * version can give it a meaning: the SQE otherwise completes with
+ * `RF_EINVALID_ARGUMENT` and does nothing. The reserved fields are used by
+ * no opcode. A flag bit this version does not define is
+ * `RF_EINVALID_FLAGS`; a `subop` where the opcode takes none (PUT, GET,
+ * NOTIFY, NOP) or an unknown one is `RF_EINVALID_SUBOP`. Besides `opcode`,
+ * `flags` and `user_data`: PUT and GET use `endpoint`, `len`, `local_*`,
+ * `rkey`, `remote_addr`; ATOMIC uses `subop`, `endpoint`, `len`, `rkey`,
+ * `remote_addr`, `operand`, `local_*` unless ADD, `operand2` for CSWAP
+ * only; FENCE and CLOSE `subop` and `endpoint`; FLUSH `subop`, and
+ * `endpoint` for `RF_FLUSH_ENDPOINT` (a worker flush's non-zero endpoint
+ * is `RF_EINVALID_ENDPOINT`); NOTIFY `endpoint`, `len`, `local_*` and
+ * `operand` (the tag); NOP nothing.
  */
 struct RF_ALIGNED(64) rf_sqe {
   /**
@@ -383,46 +414,50 @@ struct RF_ALIGNED(64) rf_sqe {
   uint8_t flags;
   /**
    * `RF_ATOMIC_*` of an ATOMIC, `RF_FENCE_*` of a FENCE, `RF_CLOSE_*`
-   * of a CLOSE; zero otherwise.
+   * of a CLOSE, `RF_FLUSH_*` of a FLUSH; zero otherwise (else
+   * `RF_EINVALID_SUBOP`).
    */
   uint8_t subop;
   /**
-   * Reserved; zero.
+   * Reserved; zero (else `RF_EINVALID_ARGUMENT`).
    */
   uint8_t reserved0;
   /**
-   * The endpoint id (from `rf_ep_connect`); NOP ignores it.
+   * The endpoint id (from `rf_ep_connect`); zero for a NOP and a worker
+   * flush.
    */
   uint32_t endpoint;
   /**
-   * Bytes to move (PUT, GET, NOTIFY); 8 for ATOMIC.
+   * Bytes to move (PUT, GET, NOTIFY); 8 for ATOMIC; zero otherwise.
    */
   uint32_t len;
   /**
    * Local memory handle of `local_addr` (from `rf_mem_register` or
-   * `rf_mem_alloc`).
+   * `rf_mem_alloc`); zero where that is.
    */
   uint32_t local_mem;
   /**
    * Local address: PUT source, GET destination, the fetched value of an
-   * atomic, the NOTIFY payload.
+   * atomic other than ADD, the NOTIFY payload; zero otherwise.
    */
   uint64_t local_addr;
   /**
-   * Remote address of PUT, GET and ATOMIC.
+   * Remote address of PUT, GET and ATOMIC; zero otherwise.
    */
   uint64_t remote_addr;
   /**
-   * Remote key id of `remote_addr` (from `rf_rkey_unpack`).
+   * Remote key id of `remote_addr` (from `rf_rkey_unpack`); zero where
+   * that is.
    */
   uint32_t rkey;
   /**
-   * Reserved; zero.
+   * Reserved; zero (else `RF_EINVALID_ARGUMENT`).
    */
   uint32_t reserved1;
   /**
    * ATOMIC operand: the addend, the new value of SWAP, the compare value
-   * of CSWAP.
+   * of CSWAP. NOTIFY: the tag (the `user_data` of the target's CQE).
+   * Zero otherwise.
    */
   uint64_t operand;
   /**
@@ -482,8 +517,8 @@ struct rf_ring {
    */
   uint32_t *sq_shared_head;
   /**
-   * The engine's SQ flags (`RF_SQ_NEED_WAKEUP`), read by `rf_submit`
-   * after a sequentially consistent fence.
+   * The engine's SQ flags (`RF_SQ_NEED_WAKEUP`, `RF_SQ_FAILED`), read
+   * by `rf_submit` after a sequentially consistent fence.
    */
   uint32_t *sq_shared_flags;
   /**
@@ -525,7 +560,7 @@ struct rf_ring {
    */
   uint32_t *cq_shared_tail;
   /**
-   * The engine's CQ flags (`RF_CQ_OVERFLOW`), acquire.
+   * The engine's CQ flags (`RF_CQ_OVERFLOW`, `RF_CQ_FAILED`), acquire.
    */
   uint32_t *cq_shared_flags;
   /**
@@ -596,7 +631,8 @@ struct rf_worker_config {
    */
   uint32_t lanes;
   /**
-   * Notification buffers.
+   * Notification buffers (at most 65536; together with `notify_size`
+   * counted against the memory limit, see `rf_mem_alloc`).
    */
   uint32_t notify_buffers;
   /**
@@ -731,9 +767,21 @@ int rf_mem_register(rf_worker_t worker, void *addr, size_t len, uint32_t *mem);
  * `*mem`. Free it with `rf_mem_free` (or `rf_mem_deregister`); it is also
  * freed by `rf_worker_destroy`.
  *
+ * The memory limit: `len` rounded up to whole pages, plus the
+ * process's live ringfence allocations (memory from `rf_mem_alloc`,
+ * workers' notification buffers), must fit in the smallest of physical
+ * memory plus swap, the cgroup's memory limit (v2 `memory.max` plus
+ * `memory.swap.max`, v1 `memory.limit_in_bytes`, of the process's cgroup
+ * and its ancestors) and a finite `RLIMIT_AS` or `RLIMIT_DATA`, as read
+ * when the worker was created; beyond it the call fails at once. Memory
+ * from the shm driver is allocated in full here (it is there, or the call
+ * fails); heap memory is zeroed by the kernel page by page as first
+ * touched.
+ *
  * Returns 0; `RF_EINVALID_ARGUMENT` for NULL `addr` or `mem`;
  * `RF_EINVALID_LENGTH` for a zero `len` or one above `PTRDIFF_MAX`;
- * `RF_ENO_MEMORY` if it cannot be had; `RF_ESTALE_HANDLE`.
+ * `RF_ENO_MEMORY` beyond the memory limit or if it cannot be had;
+ * `RF_ESTALE_HANDLE`.
  *
  * # Safety
  * - `addr` is NULL or points to a writable `void *`; `mem` is NULL or
@@ -796,21 +844,23 @@ int rf_rkey_bounds(rf_worker_t worker, uint32_t ep, uint32_t rkey, uint64_t *bas
  * `rf_rkey_pack`) into a remote key id for SQEs on endpoint `ep`
  * (`rkey`); stores it in `*rkey`.
  *
- * Returns 0; `RF_EINVALID_ARGUMENT` for NULL pointers or a malformed blob;
- * `RF_EINVALID_RKEY` if the endpoint's driver refuses the key (its part
- * is malformed or names no region it can reach); `RF_EINVALID_LENGTH` for a zero `len` or one over `RF_MAX_BLOB`;
- * `RF_EINVALID_ENDPOINT`; the target's refusal (`RF_EACCESS_DENIED` for a
- * wrong secret); `RF_ESTALE_HANDLE`.
+ * The whole blob is checked first, field by field and against its
+ * integrity check (a CRC-32C), so that a damaged one is refused before
+ * anything is sent to the target.
+ *
+ * Returns 0; `RF_EINVALID_ARGUMENT` for NULL pointers, or a blob that is
+ * malformed or damaged (a flipped bit, cut short, bytes after its end),
+ * its driver's part included; `RF_EINVALID_RKEY` if the endpoint's
+ * driver refuses the key (it belongs to another peer, or names no region
+ * the target exports with those bounds); `RF_EINVALID_LENGTH` for a zero
+ * `len` or one over `RF_MAX_BLOB`; `RF_EINVALID_ENDPOINT`; the target's
+ * refusal (`RF_EACCESS_DENIED` for a wrong secret); `RF_ESTALE_HANDLE`.
  *
  * # Safety
  * - `blob` is NULL or points to `len` readable bytes.
  * - `rkey` is NULL or points to a writable `uint32_t`.
  */
-int rf_rkey_unpack(rf_worker_t worker,
-                   uint32_t ep,
-                   const void *blob,
-                   size_t len,
-                   uint32_t *rkey);
+int rf_rkey_unpack(rf_worker_t worker, uint32_t ep, const void *blob, size_t len, uint32_t *rkey);
 
 /**
  * Creates a ring (one SQ of `sq_entries` and one CQ of `cq_entries`; 0
@@ -836,7 +886,12 @@ int rf_ring_create(rf_worker_t worker,
  * Destroys a ring; its pointers in `*ring` become NULL (the handle stays,
  * so a second destroy is `RF_ESTALE_HANDLE`). The engine keeps the ring's
  * memory until the worker is destroyed: SQEs submitted before still run,
- * and their completions land in a CQ that nobody reads.
+ * and their completions land in a CQ that nobody reads. This is also how a
+ * failed ring (`RF_ERING_CORRUPT`, see the inline helpers' "A failed
+ * ring") is torn down: it always works, the engine reads nothing more from
+ * that memory, and it finishes what it had taken from the ring (freeing
+ * its request slots) without posting CQEs; `rf_progress` stops reporting
+ * the ring.
  *
  * Returns 0; `RF_ESTALE_HANDLE` for a destroyed ring;
  * `RF_EINVALID_ARGUMENT` for NULL or a handle that is not a ring's.
@@ -869,8 +924,10 @@ int rf_ring_wake(const struct rf_ring *ring);
  *
  * Returns 1 when it ran: `*res` is its one completion (bytes, or the
  * negative status its CQE would carry) and no CQE follows; 0 when it
- * declined (nothing done, `*res` untouched); `RF_ESTALE_HANDLE`;
- * `RF_EINVALID_ARGUMENT` for NULL or misaligned pointers.
+ * declined (nothing done, `*res` untouched); `RF_ERING_CORRUPT` if the
+ * engine failed the ring (nothing done, `*res` untouched);
+ * `RF_ESTALE_HANDLE`; `RF_EINVALID_ARGUMENT` for NULL or misaligned
+ * pointers.
  *
  * # Safety
  * - `ring` is NULL or points to a readable `struct rf_ring`;
@@ -904,13 +961,28 @@ int rf_ring_cq_fd(const struct rf_ring *ring);
  *
  * Returns the count ready (at least `nr`); `RF_ETIMEOUT` if the deadline
  * passed first (what arrived stays to be reaped); `RF_EINVALID_ARGUMENT`
- * if `nr` is more than the CQ holds; `RF_ERING_CORRUPT`; `RF_EIO` if the
- * eventfd fails; `RF_ESTALE_HANDLE`.
+ * if `nr` is more than the CQ holds; `RF_ERING_CORRUPT` if the CQ's
+ * indices are corrupt, or fewer than `nr` CQEs are ready and the engine
+ * failed the ring (at once, not at the deadline); `RF_EIO` if the eventfd
+ * fails; `RF_ESTALE_HANDLE`.
  *
  * # Safety
  * - `ring` is NULL or points to a readable `struct rf_ring`.
  */
 int rf_wait_cqes(const struct rf_ring *ring, uint32_t nr, int64_t timeout_ns);
+
+/**
+ * Whether the engine failed the ring: it found the ring memory corrupt
+ * (see the inline helpers' "A failed ring"). The engine's own record, in
+ * process memory: scribbles over the ring's flags do not hide it.
+ *
+ * Returns 0 while the ring works; `RF_ERING_CORRUPT` once it failed
+ * (destroy it); `RF_ESTALE_HANDLE`; `RF_EINVALID_ARGUMENT`.
+ *
+ * # Safety
+ * - `ring` is NULL or points to a readable `struct rf_ring`.
+ */
+int rf_ring_check(const struct rf_ring *ring);
 
 /**
  * Arms the CQ's eventfd before sleeping in epoll: asks the engine to
@@ -920,8 +992,9 @@ int rf_wait_cqes(const struct rf_ring *ring, uint32_t nr, int64_t timeout_ns);
  *
  * Returns 1: armed, the CQ is empty, sleep (the core thread must run);
  * 0: CQEs are ready, do not sleep (the ring is left unarmed);
- * `RF_ERING_CORRUPT` if the CQ's indices are inconsistent;
- * `RF_ESTALE_HANDLE`; `RF_EINVALID_ARGUMENT`.
+ * `RF_ERING_CORRUPT` if the CQ's indices are inconsistent, or the CQ is
+ * empty and the engine failed the ring (nothing will come; the ring is
+ * left unarmed); `RF_ESTALE_HANDLE`; `RF_EINVALID_ARGUMENT`.
  *
  * # Safety
  * - `ring` is NULL or points to a readable `struct rf_ring`.
@@ -985,6 +1058,10 @@ int rf_worker_config_init(struct rf_worker_config *config);
  * name, a non-zero reserved field or a bad value (entries not a power of
  * two, lanes outside 1 to `RF_MAX_LANES`, a malformed `RINGFENCE_*`
  * variable);
+ * `RF_ENO_MEMORY` if the notification buffers (`notify_buffers` times
+ * `notify_size` bytes) exceed the memory limit (see `rf_mem_alloc`) or
+ * cannot be allocated; a large pool is not touched here: the kernel
+ * zeroes its pages as buffers are first used;
  * `RF_EIO` if a driver or the core thread cannot start. `*worker` is
  * written only on success.
  *
@@ -1030,8 +1107,10 @@ int rf_worker_address(rf_worker_t worker, void *buf, size_t cap, size_t *len);
  * submitted meanwhile queue in order and start once it is up, or each
  * completes with the handshake's error. `rf_ep_state` tells where it is.
  *
- * Returns 0; `RF_EINVALID_ARGUMENT` for NULL pointers or a malformed
- * address; `RF_EINVALID_LENGTH` for a zero `len` or one over
+ * Returns 0; `RF_EINVALID_ARGUMENT` for NULL pointers, or an address
+ * that is malformed or damaged (it fails its integrity check: a flipped
+ * bit, cut short, bytes after its end); `RF_EINVALID_LENGTH` for a zero
+ * `len` or one over
  * `RF_MAX_BLOB`; `RF_EPEER_UNREACHABLE` if no driver is shared or the peer
  * is known unreachable at once; `RF_ESTALE_HANDLE`.
  *
@@ -1075,8 +1154,13 @@ int rf_ep_fence_state(rf_worker_t worker, uint32_t ep, struct rf_fence_state *st
  * One bounded round of progress on the caller's thread: drains the rings'
  * SQs, advances fences, polls the drivers, posts CQEs.
  *
- * Returns how much work it did (0: nothing to do), or
- * `RF_ESTALE_HANDLE`/`RF_EINVALID_ARGUMENT`. Takes no global lock other
+ * Returns how much work it did (0: nothing to do);
+ * `RF_ERING_CORRUPT` while a ring of this worker that the engine failed
+ * (it found the ring memory corrupt; see the inline helpers' "A failed
+ * ring") is not destroyed yet: the round ran all the same, and the other
+ * rings keep working; that ring's own calls (`rf_ring_check`,
+ * `rf_wait_cqes`, `rf_peek_cqe`) say which it is; `rf_ring_destroy` it.
+ * Or `RF_ESTALE_HANDLE`/`RF_EINVALID_ARGUMENT`. Takes no global lock other
  * than the handle table's read lock.
  */
 int rf_progress(rf_worker_t worker);
@@ -1145,13 +1229,34 @@ uint32_t rf_version(void);
  *   *sq_shared_flags      engine          rf_submit    relaxed, SeqCst fence on each side
  *   *cq_shared_tail       engine          rf_peek_*    release store / acquire load
  *   *cq_head              rf_cq_advance   engine       release store / acquire load
- *   *cq_shared_flags      engine          rf_cq_overflowed   release store / acquire load
+ *   *cq_shared_flags      engine          rf_cq_overflowed, rf_peek_* (empty)   release store / acquire load
  *
  * Each side keeps its own index locally (sq_local_tail, cq_local_head) and
  * reads the peer's through a cache (sq_cached_head, cq_cached_tail) that is
  * reloaded only when it says full or empty. Shared indices are checked:
  * one that contradicts the local index is RF_ERING_CORRUPT (or a NULL SQE),
  * never an access outside the ring.
+ *
+ * A failed ring. When the engine finds this ring's memory corrupt (an
+ * index that cannot be, garbage over the index lines) it fails the ring,
+ * and only this ring: it publishes the CQEs it had pushed, sets RF_SQ_FAILED
+ * in *sq_shared_flags and RF_CQ_FAILED in *cq_shared_flags (release stores,
+ * never cleared), and from then on takes no SQE and posts no CQE here. The
+ * helpers look at the flags only on their slow paths: rf_submit (whose flag
+ * load is there anyway) returns RF_ERING_CORRUPT; rf_peek_cqe and
+ * rf_peek_batch_cqe return the CQEs published before, then RF_ERING_CORRUPT
+ * once the CQ is empty; rf_get_sqe returns NULL once the SQ looks full.
+ * rf_wait_cqes, rf_ring_check, rf_ring_try_now and rf_progress (for the
+ * worker, while the ring is not destroyed) say RF_ERING_CORRUPT too. Then
+ * rf_ring_destroy it; the worker's other rings keep working.
+ *
+ * What the application may assume: every CQE it read is the one completion
+ * of its SQE. Every other SQE submitted on a failed ring gets no completion,
+ * ever: the engine did not take it, or took it and dropped its CQE (the
+ * engine still finishes what it had taken, and frees its request slots);
+ * whether it took effect at the target is unknown. A flush of their
+ * endpoint (or a worker flush) submitted on another ring completes only
+ * after them; their memory stays held as for any operation in flight.
  *
  * Why GCC/Clang __atomic builtins rather than <stdatomic.h>: the header
  * must compile as C11 and as C++17, and <stdatomic.h> is not usable from
@@ -1223,8 +1328,8 @@ RF_STATIC_ASSERT(offsetof(struct rf_cqe, flags) == 12, "rf_cqe.flags");
 /*
  * The next free SQ slot, to fill in place (Producer::next_entry); it counts
  * as pushed and is published by the next rf_submit. NULL when the SQ is
- * full (submit, run progress, reap CQEs, and retry) or its shared head is
- * corrupt.
+ * full (submit, run progress, reap CQEs, and retry), its shared head is
+ * corrupt, or the ring failed (rf_submit then returns RF_ERING_CORRUPT).
  *
  * The slot still holds an old SQE, as with liburing's io_uring_get_sqe:
  * fill it with one rf_prep_* call, which writes all 64 bytes, and only then
@@ -1245,7 +1350,7 @@ static inline struct rf_sqe *rf_get_sqe(struct rf_ring *ring)
         uint32_t head = __atomic_load_n(ring->sq_shared_head, __ATOMIC_ACQUIRE);
         uint32_t used = tail - head;
         if (used >= ring->sq_entries)
-            return NULL; /* full, or corrupt (used > entries) */
+            return NULL; /* full, or corrupt (used > entries), or failed */
         ring->sq_cached_head = head;
     }
     ring->sq_local_tail = tail + 1;
@@ -1371,14 +1476,21 @@ static inline void rf_sqe_set_flags(struct rf_sqe *sqe, uint8_t flags)
  * Publishes every SQE taken since the last submit with one release store
  * (Producer::submit), then wakes the core thread only if it sleeps
  * (Producer::needs_wakeup, QueuePair::submit). Returns how many were
- * published, or a negative status if the wake-up failed.
+ * published; RF_ERING_CORRUPT if the engine failed the ring (RF_SQ_FAILED:
+ * it takes none of them, see "A failed ring" above), also when nothing was
+ * left to publish; or a negative status if the wake-up failed.
  */
 static inline int rf_submit(struct rf_ring *ring)
 {
     uint32_t tail = ring->sq_local_tail;
     uint32_t n = tail - ring->sq_published;
-    if (n == 0)
+    if (n == 0) {
+        /* Relaxed: only a report, off the publishing path; nothing is read
+           on the strength of it. */
+        if (__atomic_load_n(ring->sq_shared_flags, __ATOMIC_RELAXED) & RF_SQ_FAILED)
+            return RF_ERING_CORRUPT;
         return 0;
+    }
     /* Release: publishes the SQEs in [published, tail); pairs with the
        Acquire load of the tail in Consumer::refresh_tail. */
     __atomic_store_n(ring->sq_tail, tail, __ATOMIC_RELEASE);
@@ -1393,8 +1505,12 @@ static inline int rf_submit(struct rf_ring *ring)
        SQPOLL mode needs around IORING_SQ_NEED_WAKEUP; see
        Producer::needs_wakeup). */
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
-    /* Relaxed: the fence provides the ordering. */
-    if (__atomic_load_n(ring->sq_shared_flags, __ATOMIC_RELAXED) & RF_SQ_NEED_WAKEUP) {
+    /* Relaxed: the fence provides the ordering. The same load tells a
+       failed ring (RF_SQ_FAILED, set by Consumer::fail): no added cost. */
+    uint32_t flags = __atomic_load_n(ring->sq_shared_flags, __ATOMIC_RELAXED);
+    if (flags & RF_SQ_FAILED)
+        return RF_ERING_CORRUPT;
+    if (flags & RF_SQ_NEED_WAKEUP) {
         int rc = rf_ring_wake(ring);
         if (rc < 0)
             return rc;
@@ -1423,13 +1539,18 @@ static inline void rf_store_u64(void *addr, uint64_t value)
    and SUBMITS: like rf_submit, it publishes every SQE prepared before it
    too. Its CQE carries `user_data`. To close without submitting, use
    rf_get_sqe + rf_prep_close and rf_submit when ready, as for any SQE.
-   Returns 0, RF_ENO_RESOURCE if the SQ is full, or rf_submit's error. */
+   Returns 0, RF_ENO_RESOURCE if the SQ is full (RF_ERING_CORRUPT if it
+   looked full because the ring failed), or rf_submit's error. */
 static inline int rf_submit_close(struct rf_ring *ring, uint32_t ep, uint8_t mode,
                                   uint64_t user_data)
 {
     struct rf_sqe *sqe = rf_get_sqe(ring);
-    if (sqe == NULL)
+    if (sqe == NULL) {
+        /* Relaxed: a hint on the slow path (as in rf_submit). */
+        if (__atomic_load_n(ring->sq_shared_flags, __ATOMIC_RELAXED) & RF_SQ_FAILED)
+            return RF_ERING_CORRUPT;
         return RF_ENO_RESOURCE;
+    }
     rf_prep_close(sqe, ep, mode);
     rf_sqe_set_data(sqe, user_data);
     int rc = rf_submit(ring);
@@ -1439,7 +1560,8 @@ static inline int rf_submit_close(struct rf_ring *ring, uint32_t ep, uint8_t mod
 /* ------------------------------------------------------------------ CQ */
 
 /* CQEs ready: at least `want`, or as many as there are
-   (Consumer::available), or RF_ERING_CORRUPT. */
+   (Consumer::available), or RF_ERING_CORRUPT (corrupt indices, or the CQ is
+   empty and the ring failed). */
 static inline int _rf_cq_available(struct rf_ring *ring, uint32_t want)
 {
     uint32_t head = ring->cq_local_head;
@@ -1450,6 +1572,16 @@ static inline int _rf_cq_available(struct rf_ring *ring, uint32_t want)
        Release store in Producer::submit (Consumer::refresh_tail). */
     uint32_t tail = __atomic_load_n(ring->cq_shared_tail, __ATOMIC_ACQUIRE);
     ready = tail - head;
+    /* Empty: did the engine fail the ring? Acquire: pairs with the Release
+       store in Producer::fail; then the tail again, which then shows every
+       CQE published before the flag (Consumer::refresh_tail). */
+    if (ready == 0
+        && (__atomic_load_n(ring->cq_shared_flags, __ATOMIC_ACQUIRE) & RF_CQ_FAILED)) {
+        tail = __atomic_load_n(ring->cq_shared_tail, __ATOMIC_ACQUIRE);
+        ready = tail - head;
+        if (ready == 0)
+            return RF_ERING_CORRUPT;
+    }
     if (ready > ring->cq_entries)
         return RF_ERING_CORRUPT;
     ring->cq_cached_tail = tail;
@@ -1459,7 +1591,8 @@ static inline int _rf_cq_available(struct rf_ring *ring, uint32_t want)
 /*
  * The oldest CQE, left in the ring (Consumer::peek): 0 with `*cqe` pointing
  * into the CQ, RF_EAGAIN (-EAGAIN) if the CQ is empty (try again later), or
- * RF_ERING_CORRUPT. Read it, then free its slot with rf_cqe_seen.
+ * RF_ERING_CORRUPT (corrupt indices, or the CQ is empty and the ring
+ * failed). Read it, then free its slot with rf_cqe_seen.
  */
 static inline int rf_peek_cqe(struct rf_ring *ring, struct rf_cqe **cqe)
 {

@@ -24,7 +24,21 @@ pub type rf_ring_t = u64;
 
 /// A submission queue entry: one operation, exactly 64 bytes. The same
 /// layout as the Rust `ringfence_ring::Sqe` (asserted on both sides). Fill
-/// it with the `rf_prep_*` helpers; reserved fields must be zero.
+/// it with the `rf_prep_*` helpers, which write all 64 bytes.
+///
+/// Every field the opcode does not use must be zero, so that a later
+/// version can give it a meaning: the SQE otherwise completes with
+/// `RF_EINVALID_ARGUMENT` and does nothing. The reserved fields are used by
+/// no opcode. A flag bit this version does not define is
+/// `RF_EINVALID_FLAGS`; a `subop` where the opcode takes none (PUT, GET,
+/// NOTIFY, NOP) or an unknown one is `RF_EINVALID_SUBOP`. Besides `opcode`,
+/// `flags` and `user_data`: PUT and GET use `endpoint`, `len`, `local_*`,
+/// `rkey`, `remote_addr`; ATOMIC uses `subop`, `endpoint`, `len`, `rkey`,
+/// `remote_addr`, `operand`, `local_*` unless ADD, `operand2` for CSWAP
+/// only; FENCE and CLOSE `subop` and `endpoint`; FLUSH `subop`, and
+/// `endpoint` for `RF_FLUSH_ENDPOINT` (a worker flush's non-zero endpoint
+/// is `RF_EINVALID_ENDPOINT`); NOTIFY `endpoint`, `len`, `local_*` and
+/// `operand` (the tag); NOP nothing.
 #[repr(C, align(64))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct rf_sqe {
@@ -33,28 +47,32 @@ pub struct rf_sqe {
     /// `RF_SQE_*` flags.
     pub flags: u8,
     /// `RF_ATOMIC_*` of an ATOMIC, `RF_FENCE_*` of a FENCE, `RF_CLOSE_*`
-    /// of a CLOSE; zero otherwise.
+    /// of a CLOSE, `RF_FLUSH_*` of a FLUSH; zero otherwise (else
+    /// `RF_EINVALID_SUBOP`).
     pub subop: u8,
-    /// Reserved; zero.
+    /// Reserved; zero (else `RF_EINVALID_ARGUMENT`).
     pub reserved0: u8,
-    /// The endpoint id (from `rf_ep_connect`); NOP ignores it.
+    /// The endpoint id (from `rf_ep_connect`); zero for a NOP and a worker
+    /// flush.
     pub endpoint: u32,
-    /// Bytes to move (PUT, GET, NOTIFY); 8 for ATOMIC.
+    /// Bytes to move (PUT, GET, NOTIFY); 8 for ATOMIC; zero otherwise.
     pub len: u32,
     /// Local memory handle of `local_addr` (from `rf_mem_register` or
-    /// `rf_mem_alloc`).
+    /// `rf_mem_alloc`); zero where that is.
     pub local_mem: u32,
     /// Local address: PUT source, GET destination, the fetched value of an
-    /// atomic, the NOTIFY payload.
+    /// atomic other than ADD, the NOTIFY payload; zero otherwise.
     pub local_addr: u64,
-    /// Remote address of PUT, GET and ATOMIC.
+    /// Remote address of PUT, GET and ATOMIC; zero otherwise.
     pub remote_addr: u64,
-    /// Remote key id of `remote_addr` (from `rf_rkey_unpack`).
+    /// Remote key id of `remote_addr` (from `rf_rkey_unpack`); zero where
+    /// that is.
     pub rkey: u32,
-    /// Reserved; zero.
+    /// Reserved; zero (else `RF_EINVALID_ARGUMENT`).
     pub reserved1: u32,
     /// ATOMIC operand: the addend, the new value of SWAP, the compare value
-    /// of CSWAP.
+    /// of CSWAP. NOTIFY: the tag (the `user_data` of the target's CQE).
+    /// Zero otherwise.
     pub operand: u64,
     /// The swap value of CSWAP; zero otherwise.
     pub operand2: u64,
@@ -106,8 +124,8 @@ pub struct rf_ring {
     /// SQ head in ring memory: written by the engine (release), read here
     /// (acquire) when `sq_cached_head` says the SQ is full.
     pub sq_shared_head: *mut u32,
-    /// The engine's SQ flags (`RF_SQ_NEED_WAKEUP`), read by `rf_submit`
-    /// after a sequentially consistent fence.
+    /// The engine's SQ flags (`RF_SQ_NEED_WAKEUP`, `RF_SQ_FAILED`), read
+    /// by `rf_submit` after a sequentially consistent fence.
     pub sq_shared_flags: *mut u32,
     /// The SQ's `sq_entries` slots.
     pub sqes: *mut rf_sqe,
@@ -129,7 +147,7 @@ pub struct rf_ring {
     /// CQ tail in ring memory: written by the engine (release), read here
     /// (acquire) when `cq_cached_tail` says the CQ is empty.
     pub cq_shared_tail: *mut u32,
-    /// The engine's CQ flags (`RF_CQ_OVERFLOW`), acquire.
+    /// The engine's CQ flags (`RF_CQ_OVERFLOW`, `RF_CQ_FAILED`), acquire.
     pub cq_shared_flags: *mut u32,
     /// This thread's CQ flags (`RF_CQ_NEED_WAKEUP`), set by
     /// `rf_ring_cq_arm`.
@@ -217,7 +235,8 @@ pub struct rf_worker_config {
     /// Lanes per endpoint: 1 to `RF_MAX_LANES` (0: the default), capped
     /// by the driver.
     pub lanes: u32,
-    /// Notification buffers.
+    /// Notification buffers (at most 65536; together with `notify_size`
+    /// counted against the memory limit, see `rf_mem_alloc`).
     pub notify_buffers: u32,
     /// Bytes per notification buffer.
     pub notify_size: u32,
@@ -310,6 +329,14 @@ pub const RF_CQ_NEED_WAKEUP: u32 = 1;
 /// In `*cq_shared_flags`: the engine holds completions that did not fit;
 /// it takes no SQEs from this ring until they are reaped.
 pub const RF_CQ_OVERFLOW: u32 = 1;
+/// In `*sq_shared_flags`: the engine failed this ring (it found the ring
+/// memory corrupt) and takes no more SQEs; `rf_submit` returns
+/// `RF_ERING_CORRUPT`. Set once, never cleared.
+pub const RF_SQ_FAILED: u32 = 2;
+/// In `*cq_shared_flags`: the engine failed this ring and posts no more
+/// CQEs; `rf_peek_cqe` returns `RF_ERING_CORRUPT` once the CQ is empty.
+/// Set once, never cleared.
+pub const RF_CQ_FAILED: u32 = 2;
 
 /// `rf_ep_state`: the driver's handshake goes on; SQEs queue in order and
 /// start when it is up.
@@ -348,6 +375,8 @@ const_assert_eq!(RF_CLOSE_FORCE, CloseMode::FORCE.as_raw());
 const_assert_eq!(RF_SQ_NEED_WAKEUP, ConsumerLine::NEED_WAKEUP);
 const_assert_eq!(RF_CQ_NEED_WAKEUP, ConsumerLine::NEED_WAKEUP);
 const_assert_eq!(RF_CQ_OVERFLOW, ProducerLine::OVERFLOW);
+const_assert_eq!(RF_SQ_FAILED, ConsumerLine::FAILED);
+const_assert_eq!(RF_CQ_FAILED, ProducerLine::FAILED);
 
 // Statuses: the values of the Rust `Status` (asserted below, by name):
 // the negative errno where one corresponds (so `strerror(-status)` names
@@ -359,7 +388,8 @@ pub const RF_ELIBRARY_BASE: i32 = -4096;
 pub const RF_ECANCELED: i32 = -125; // -ECANCELED
 /// The SQE's opcode is unknown.
 pub const RF_EINVALID_OPCODE: i32 = -4097; // library
-/// An unknown SQE flag, or a reserved field is not zero.
+/// An SQE flag bit this version does not define. (A non-zero reserved or
+/// unused SQE field is `RF_EINVALID_ARGUMENT`.)
 pub const RF_EINVALID_FLAGS: i32 = -4098; // library
 /// No such endpoint.
 pub const RF_EINVALID_ENDPOINT: i32 = -4099; // library
@@ -392,7 +422,9 @@ pub const RF_ERING_CORRUPT: i32 = -4105; // library
 /// The peer is gone.
 pub const RF_EPEER_UNREACHABLE: i32 = -113; // -EHOSTUNREACH
 /// An invalid argument: a NULL pointer, a bad value, a handle of the
-/// wrong kind.
+/// wrong kind, a malformed or damaged address or key blob, a non-zero
+/// reserved field, or an SQE field its opcode does not use that is not
+/// zero.
 pub const RF_EINVALID_ARGUMENT: i32 = -22; // -EINVAL
 /// The handle's object was destroyed.
 pub const RF_ESTALE_HANDLE: i32 = -116; // -ESTALE

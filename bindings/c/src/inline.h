@@ -24,13 +24,34 @@
  *   *sq_shared_flags      engine          rf_submit    relaxed, SeqCst fence on each side
  *   *cq_shared_tail       engine          rf_peek_*    release store / acquire load
  *   *cq_head              rf_cq_advance   engine       release store / acquire load
- *   *cq_shared_flags      engine          rf_cq_overflowed   release store / acquire load
+ *   *cq_shared_flags      engine          rf_cq_overflowed, rf_peek_* (empty)   release store / acquire load
  *
  * Each side keeps its own index locally (sq_local_tail, cq_local_head) and
  * reads the peer's through a cache (sq_cached_head, cq_cached_tail) that is
  * reloaded only when it says full or empty. Shared indices are checked:
  * one that contradicts the local index is RF_ERING_CORRUPT (or a NULL SQE),
  * never an access outside the ring.
+ *
+ * A failed ring. When the engine finds this ring's memory corrupt (an
+ * index that cannot be, garbage over the index lines) it fails the ring,
+ * and only this ring: it publishes the CQEs it had pushed, sets RF_SQ_FAILED
+ * in *sq_shared_flags and RF_CQ_FAILED in *cq_shared_flags (release stores,
+ * never cleared), and from then on takes no SQE and posts no CQE here. The
+ * helpers look at the flags only on their slow paths: rf_submit (whose flag
+ * load is there anyway) returns RF_ERING_CORRUPT; rf_peek_cqe and
+ * rf_peek_batch_cqe return the CQEs published before, then RF_ERING_CORRUPT
+ * once the CQ is empty; rf_get_sqe returns NULL once the SQ looks full.
+ * rf_wait_cqes, rf_ring_check, rf_ring_try_now and rf_progress (for the
+ * worker, while the ring is not destroyed) say RF_ERING_CORRUPT too. Then
+ * rf_ring_destroy it; the worker's other rings keep working.
+ *
+ * What the application may assume: every CQE it read is the one completion
+ * of its SQE. Every other SQE submitted on a failed ring gets no completion,
+ * ever: the engine did not take it, or took it and dropped its CQE (the
+ * engine still finishes what it had taken, and frees its request slots);
+ * whether it took effect at the target is unknown. A flush of their
+ * endpoint (or a worker flush) submitted on another ring completes only
+ * after them; their memory stays held as for any operation in flight.
  *
  * Why GCC/Clang __atomic builtins rather than <stdatomic.h>: the header
  * must compile as C11 and as C++17, and <stdatomic.h> is not usable from
@@ -102,8 +123,8 @@ RF_STATIC_ASSERT(offsetof(struct rf_cqe, flags) == 12, "rf_cqe.flags");
 /*
  * The next free SQ slot, to fill in place (Producer::next_entry); it counts
  * as pushed and is published by the next rf_submit. NULL when the SQ is
- * full (submit, run progress, reap CQEs, and retry) or its shared head is
- * corrupt.
+ * full (submit, run progress, reap CQEs, and retry), its shared head is
+ * corrupt, or the ring failed (rf_submit then returns RF_ERING_CORRUPT).
  *
  * The slot still holds an old SQE, as with liburing's io_uring_get_sqe:
  * fill it with one rf_prep_* call, which writes all 64 bytes, and only then
@@ -124,7 +145,7 @@ static inline struct rf_sqe *rf_get_sqe(struct rf_ring *ring)
         uint32_t head = __atomic_load_n(ring->sq_shared_head, __ATOMIC_ACQUIRE);
         uint32_t used = tail - head;
         if (used >= ring->sq_entries)
-            return NULL; /* full, or corrupt (used > entries) */
+            return NULL; /* full, or corrupt (used > entries), or failed */
         ring->sq_cached_head = head;
     }
     ring->sq_local_tail = tail + 1;
@@ -250,14 +271,21 @@ static inline void rf_sqe_set_flags(struct rf_sqe *sqe, uint8_t flags)
  * Publishes every SQE taken since the last submit with one release store
  * (Producer::submit), then wakes the core thread only if it sleeps
  * (Producer::needs_wakeup, QueuePair::submit). Returns how many were
- * published, or a negative status if the wake-up failed.
+ * published; RF_ERING_CORRUPT if the engine failed the ring (RF_SQ_FAILED:
+ * it takes none of them, see "A failed ring" above), also when nothing was
+ * left to publish; or a negative status if the wake-up failed.
  */
 static inline int rf_submit(struct rf_ring *ring)
 {
     uint32_t tail = ring->sq_local_tail;
     uint32_t n = tail - ring->sq_published;
-    if (n == 0)
+    if (n == 0) {
+        /* Relaxed: only a report, off the publishing path; nothing is read
+           on the strength of it. */
+        if (__atomic_load_n(ring->sq_shared_flags, __ATOMIC_RELAXED) & RF_SQ_FAILED)
+            return RF_ERING_CORRUPT;
         return 0;
+    }
     /* Release: publishes the SQEs in [published, tail); pairs with the
        Acquire load of the tail in Consumer::refresh_tail. */
     __atomic_store_n(ring->sq_tail, tail, __ATOMIC_RELEASE);
@@ -272,8 +300,12 @@ static inline int rf_submit(struct rf_ring *ring)
        SQPOLL mode needs around IORING_SQ_NEED_WAKEUP; see
        Producer::needs_wakeup). */
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
-    /* Relaxed: the fence provides the ordering. */
-    if (__atomic_load_n(ring->sq_shared_flags, __ATOMIC_RELAXED) & RF_SQ_NEED_WAKEUP) {
+    /* Relaxed: the fence provides the ordering. The same load tells a
+       failed ring (RF_SQ_FAILED, set by Consumer::fail): no added cost. */
+    uint32_t flags = __atomic_load_n(ring->sq_shared_flags, __ATOMIC_RELAXED);
+    if (flags & RF_SQ_FAILED)
+        return RF_ERING_CORRUPT;
+    if (flags & RF_SQ_NEED_WAKEUP) {
         int rc = rf_ring_wake(ring);
         if (rc < 0)
             return rc;
@@ -302,13 +334,18 @@ static inline void rf_store_u64(void *addr, uint64_t value)
    and SUBMITS: like rf_submit, it publishes every SQE prepared before it
    too. Its CQE carries `user_data`. To close without submitting, use
    rf_get_sqe + rf_prep_close and rf_submit when ready, as for any SQE.
-   Returns 0, RF_ENO_RESOURCE if the SQ is full, or rf_submit's error. */
+   Returns 0, RF_ENO_RESOURCE if the SQ is full (RF_ERING_CORRUPT if it
+   looked full because the ring failed), or rf_submit's error. */
 static inline int rf_submit_close(struct rf_ring *ring, uint32_t ep, uint8_t mode,
                                   uint64_t user_data)
 {
     struct rf_sqe *sqe = rf_get_sqe(ring);
-    if (sqe == NULL)
+    if (sqe == NULL) {
+        /* Relaxed: a hint on the slow path (as in rf_submit). */
+        if (__atomic_load_n(ring->sq_shared_flags, __ATOMIC_RELAXED) & RF_SQ_FAILED)
+            return RF_ERING_CORRUPT;
         return RF_ENO_RESOURCE;
+    }
     rf_prep_close(sqe, ep, mode);
     rf_sqe_set_data(sqe, user_data);
     int rc = rf_submit(ring);
@@ -318,7 +355,8 @@ static inline int rf_submit_close(struct rf_ring *ring, uint32_t ep, uint8_t mod
 /* ------------------------------------------------------------------ CQ */
 
 /* CQEs ready: at least `want`, or as many as there are
-   (Consumer::available), or RF_ERING_CORRUPT. */
+   (Consumer::available), or RF_ERING_CORRUPT (corrupt indices, or the CQ is
+   empty and the ring failed). */
 static inline int _rf_cq_available(struct rf_ring *ring, uint32_t want)
 {
     uint32_t head = ring->cq_local_head;
@@ -329,6 +367,16 @@ static inline int _rf_cq_available(struct rf_ring *ring, uint32_t want)
        Release store in Producer::submit (Consumer::refresh_tail). */
     uint32_t tail = __atomic_load_n(ring->cq_shared_tail, __ATOMIC_ACQUIRE);
     ready = tail - head;
+    /* Empty: did the engine fail the ring? Acquire: pairs with the Release
+       store in Producer::fail; then the tail again, which then shows every
+       CQE published before the flag (Consumer::refresh_tail). */
+    if (ready == 0
+        && (__atomic_load_n(ring->cq_shared_flags, __ATOMIC_ACQUIRE) & RF_CQ_FAILED)) {
+        tail = __atomic_load_n(ring->cq_shared_tail, __ATOMIC_ACQUIRE);
+        ready = tail - head;
+        if (ready == 0)
+            return RF_ERING_CORRUPT;
+    }
     if (ready > ring->cq_entries)
         return RF_ERING_CORRUPT;
     ring->cq_cached_tail = tail;
@@ -338,7 +386,8 @@ static inline int _rf_cq_available(struct rf_ring *ring, uint32_t want)
 /*
  * The oldest CQE, left in the ring (Consumer::peek): 0 with `*cqe` pointing
  * into the CQ, RF_EAGAIN (-EAGAIN) if the CQ is empty (try again later), or
- * RF_ERING_CORRUPT. Read it, then free its slot with rf_cqe_seen.
+ * RF_ERING_CORRUPT (corrupt indices, or the CQ is empty and the ring
+ * failed). Read it, then free its slot with rf_cqe_seen.
  */
 static inline int rf_peek_cqe(struct rf_ring *ring, struct rf_cqe **cqe)
 {

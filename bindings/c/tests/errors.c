@@ -198,6 +198,17 @@ static void address_and_connect(void)
     uint8_t garbage[64];
     memset(garbage, 0xa5, sizeof garbage);
     CHECK_RC(rf_ep_connect(w, garbage, sizeof garbage, &ep), RF_EINVALID_ARGUMENT);
+    /* Damaged on its way: every single flipped bit, and a byte added, is
+       refused by the address's integrity check. */
+    uint8_t damaged[512];
+    for (size_t bit = 0; bit < len * 8; bit++) {
+        memcpy(damaged, addr, len);
+        damaged[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+        CHECK_RC(rf_ep_connect(w, damaged, len, &ep), RF_EINVALID_ARGUMENT);
+    }
+    memcpy(damaged, addr, len);
+    damaged[len] = 0;
+    CHECK_RC(rf_ep_connect(w, damaged, len + 1, &ep), RF_EINVALID_ARGUMENT);
     CHECK(ep == 0);
     CHECK_RC(rf_ep_connect(w, addr, len, &ep), 0); /* to itself */
     /* Loopback needs no handshake: connected at once. */
@@ -264,6 +275,75 @@ static void memory_registration(void)
     CHECK_RC(rf_worker_destroy(w), 0);
 }
 
+/* Resident bytes of this process (/proc/self/statm). */
+static uint64_t resident_bytes(void)
+{
+    unsigned long size = 0, resident = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    CHECK(f != NULL);
+    if (f == NULL)
+        return 0;
+    CHECK(fscanf(f, "%lu %lu", &size, &resident) == 2);
+    fclose(f);
+    return (uint64_t)resident * (uint64_t)sysconf(_SC_PAGESIZE);
+}
+
+/* Allocations and notification pools beyond what the machine (cgroup,
+   rlimits) can back fail at creation with RF_ENO_MEMORY; a large pool is
+   not touched when the worker is created. */
+static void resource_limits(void)
+{
+    void *p = NULL;
+    uint32_t mem = 0;
+    const size_t tib = (size_t)1 << 40;
+    uint64_t machine = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
+
+    /* 1 TiB: on loopback (heap memory) and on the default driver (shm's
+       memfd) alike. */
+    rf_worker_t w = loopback_worker();
+    rf_worker_t shm = 0;
+    struct rf_worker_config config;
+    MUST(rf_worker_config_init(&config));
+    config.ignore_env = 1;
+    MUST(rf_worker_create(&config, &shm));
+    if (machine < tib) {
+        CHECK_RC(rf_mem_alloc(w, tib, &p, &mem), RF_ENO_MEMORY);
+        CHECK_RC(rf_mem_alloc(shm, tib, &p, &mem), RF_ENO_MEMORY);
+        CHECK(p == NULL && mem == 0);
+    } else {
+        printf("resource_limits: skipped the 1 TiB case (this machine has %llu bytes)\n",
+               (unsigned long long)machine);
+    }
+    CHECK_RC(rf_mem_alloc(shm, (size_t)1 << 20, &p, &mem), 0);
+    CHECK(p != NULL && ((uint8_t *)p)[(1 << 20) - 1] == 0);
+    MUST(rf_mem_free(shm, mem));
+    MUST(rf_worker_destroy(shm));
+    MUST(rf_worker_destroy(w));
+
+    /* 65,536 buffers of 4 GiB - 1: 256 TiB of notification pool. */
+    rf_worker_t big = 0;
+    config.drivers = "loopback";
+    config.notify_buffers = 65536;
+    config.notify_size = UINT32_MAX;
+    CHECK_RC(rf_worker_create(&config, &big), RF_ENO_MEMORY);
+    CHECK(big == 0);
+
+    /* 65,536 x 64 KiB (4 GiB) builds without making it resident. */
+    const uint64_t pool = (uint64_t)65536 * 65536;
+    if (machine < 2 * pool) {
+        printf("resource_limits: skipped the 4 GiB pool (this machine has %llu bytes)\n",
+               (unsigned long long)machine);
+        return;
+    }
+    config.notify_size = 65536;
+    uint64_t before = resident_bytes();
+    CHECK_RC(rf_worker_create(&config, &big), 0);
+    uint64_t after = resident_bytes();
+    uint64_t grown = after > before ? after - before : 0;
+    CHECK(grown < pool / 16);
+    MUST(rf_worker_destroy(big));
+}
+
 static void rkey_unpack_refuses_bad_blobs(void)
 {
     rf_worker_t target = loopback_worker(), w = loopback_worker();
@@ -285,11 +365,18 @@ static void rkey_unpack_refuses_bad_blobs(void)
     uint8_t bad[512];
     memset(bad, 0x5a, sizeof bad);
     CHECK_RC(rf_rkey_unpack(w, ep, bad, sizeof bad, &rkey), RF_EINVALID_ARGUMENT);
+    /* Damaged on its way: every single flipped bit (the secret and the
+       bounds among them) and a byte added are refused at unpack by the
+       key's integrity check, before the target is asked anything. */
+    for (size_t bit = 0; bit < key_len * 8; bit++) {
+        memcpy(bad, key, key_len);
+        bad[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+        CHECK_RC(rf_rkey_unpack(w, ep, bad, key_len, &rkey), RF_EINVALID_ARGUMENT);
+    }
     memcpy(bad, key, key_len);
-    bad[key_len - 1] ^= 0xff; /* a flipped secret or bound */
-    int rc = rf_rkey_unpack(w, ep, bad, key_len, &rkey);
-    CHECK(rc == 0 || rc < 0); /* refused now or at access time; never a crash */
-    CHECK(rkey == 0 || rc == 0);
+    bad[key_len] = 0;
+    CHECK_RC(rf_rkey_unpack(w, ep, bad, key_len + 1, &rkey), RF_EINVALID_ARGUMENT);
+    CHECK(rkey == 0);
     CHECK_RC(rf_rkey_unpack(w, ep, key, key_len, &rkey), 0);
     CHECK(rkey != 0);
 
@@ -363,8 +450,8 @@ static void garbage_in_ring_memory(void)
     } cases[] = {
         {RF_EINVALID_OPCODE, 0xee, 0, 0, 0, ep, 8, src_mem, 0, base, rkey, 0},
         {RF_EINVALID_FLAGS, RF_OP_PUT, 0x80, 0, 0, ep, 8, src_mem, 0, base, rkey, 0},
-        {RF_EINVALID_FLAGS, RF_OP_PUT, 0, 0, 1, ep, 8, src_mem, 0, base, rkey, 0},
-        {RF_EINVALID_FLAGS, RF_OP_PUT, 0, 0, 0, ep, 8, src_mem, 0, base, rkey, 9},
+        {RF_EINVALID_ARGUMENT, RF_OP_PUT, 0, 0, 1, ep, 8, src_mem, 0, base, rkey, 0},
+        {RF_EINVALID_ARGUMENT, RF_OP_PUT, 0, 0, 0, ep, 8, src_mem, 0, base, rkey, 9},
         {RF_EINVALID_ENDPOINT, RF_OP_PUT, 0, 0, 0, ep + 99, 8, src_mem, 0, base, rkey, 0},
         {RF_EINVALID_MEM_HANDLE, RF_OP_PUT, 0, 0, 0, ep, 8, 0xbad, 0, base, rkey, 0},
         {RF_EINVALID_RKEY, RF_OP_PUT, 0, 0, 0, ep, 8, src_mem, 0, base, rkey + 99, 0},
@@ -386,7 +473,9 @@ static void garbage_in_ring_memory(void)
         sqe->endpoint = cases[i].ep;
         sqe->len = cases[i].len;
         sqe->local_mem = cases[i].mem;
-        sqe->local_addr = (uint64_t)(uintptr_t)src + cases[i].local_off;
+        /* No local memory named: no local address either (a FENCE uses
+           neither; a non-zero one would be RF_EINVALID_ARGUMENT). */
+        sqe->local_addr = cases[i].mem ? (uint64_t)(uintptr_t)src + cases[i].local_off : 0;
         sqe->remote_addr = cases[i].remote;
         sqe->rkey = cases[i].rkey;
         sqe->reserved1 = cases[i].reserved1;
@@ -399,6 +488,48 @@ static void garbage_in_ring_memory(void)
                     cases[i].want);
         CHECK(c.res == cases[i].want);
     }
+
+    /* A field the opcode does not use is not zero: a PUT with an operand2
+       (or an operand) is refused, not run; rf_ring_try_now declines it and
+       the CQE says why. The window is untouched; the same PUT without the
+       garbage runs. */
+    memset(window, 0x11, 64);
+    memset(src, 0x22, 64);
+    for (int which = 0; which < 3; which++) {
+        struct rf_sqe *sqe = rft_sqe(&ring);
+        rf_prep_put(sqe, ep, src, src_mem, base, rkey, 8);
+        if (which == 0)
+            sqe->operand2 = 1;
+        else if (which == 1)
+            sqe->operand = (uint64_t)1 << 63;
+        else
+            sqe->reserved1 = 1 << 4;
+        sqe->user_data = 100 + (uint64_t)which;
+        struct rf_sqe copy = *sqe;
+        /* The SQE taken is pending: submit it, then ask try_now about the
+           copy (declined while nothing is pending too). */
+        CHECK(rf_submit(&ring) == 1);
+        struct rf_cqe c = rft_one_cqe(w, &ring);
+        CHECK(c.user_data == 100 + (uint64_t)which);
+        CHECK(c.res == RF_EINVALID_ARGUMENT);
+        int32_t res = 12345;
+        CHECK_RC(rf_ring_try_now(&ring, &copy, &res), 0);
+        CHECK(res == 12345);
+    }
+    CHECK(((uint8_t *)window)[0] == 0x11 && ((uint8_t *)window)[7] == 0x11);
+    struct rf_sqe good;
+    rf_prep_put(&good, ep, src, src_mem, base, rkey, 8);
+    int32_t res = 0;
+    int ran = rf_ring_try_now(&ring, &good, &res);
+    CHECK(ran == 0 || ran == 1);
+    if (ran == 0) {
+        struct rf_sqe *sqe = rft_sqe(&ring);
+        *sqe = good;
+        CHECK(rf_submit(&ring) == 1);
+        res = rft_one_cqe(w, &ring).res;
+    }
+    CHECK(res == 8);
+    CHECK(((uint8_t *)window)[0] == 0x22 && ((uint8_t *)window)[7] == 0x22);
 
     /* A corrupt CQ tail: the peek says so and reads nothing. */
     uint32_t saved = __atomic_load_n(ring.cq_shared_tail, __ATOMIC_ACQUIRE);
@@ -413,20 +544,25 @@ static void garbage_in_ring_memory(void)
     CHECK_RC(rf_peek_cqe(&ring, &cqe), RF_EAGAIN);
 
     /* A corrupt SQ head: rf_get_sqe hands out nothing once its cache runs
-       out, and the engine refuses the queue instead of reading garbage. */
+       out, and the engine fails the ring instead of reading garbage (it
+       alone writes that head: when the SQ looks empty it checks it). */
     __atomic_store_n(ring.sq_shared_head, ring.sq_local_tail + 1000, __ATOMIC_RELEASE);
     int handed = 0;
     while (rf_get_sqe(&ring) != NULL && handed < 100)
         handed++;
     CHECK(handed <= 16);
-    CHECK(rf_progress(w) >= 0);
+    CHECK_RC(rf_progress(w), RF_ERING_CORRUPT);
+    CHECK_RC(rf_ring_check(&ring), RF_ERING_CORRUPT);
+    CHECK(__atomic_load_n(ring.sq_shared_flags, __ATOMIC_ACQUIRE) & RF_SQ_FAILED);
 
-    /* A corrupt SQ tail, published: the engine detects it; progress goes on
-       for the worker's other rings and nothing crashes. */
+    /* A corrupt SQ tail on the failed ring changes nothing: progress goes
+       on for the worker's other rings (reporting the failed one) and
+       nothing crashes. */
     struct rf_ring other;
     MUST(rf_ring_create(w, 8, 16, &other));
     __atomic_store_n(ring.sq_tail, ring.sq_published + 100000, __ATOMIC_RELEASE);
-    CHECK(rf_progress(w) >= 0);
+    CHECK_RC(rf_progress(w), RF_ERING_CORRUPT);
+    CHECK_RC(rf_ring_check(&other), 0);
     struct rf_sqe *sqe = rft_sqe(&other);
     rf_prep_nop(sqe);
     rf_sqe_set_data(sqe, 99);
@@ -492,6 +628,7 @@ int main(void)
     RFT_RUN(stale_and_forged_worker_handles);
     RFT_RUN(address_and_connect);
     RFT_RUN(memory_registration);
+    RFT_RUN(resource_limits);
     RFT_RUN(rkey_unpack_refuses_bad_blobs);
     RFT_RUN(rings_and_core_thread);
     RFT_RUN(garbage_in_ring_memory);

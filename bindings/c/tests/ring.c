@@ -1,8 +1,8 @@
 /*
  * The inline ring helpers in one process (loopback driver): batches and
  * wrap-around, a full CQ (overflow: nothing dropped, order kept), the core
- * thread's NEED_WAKEUP sleep and rf_submit's wake-up, and waiting for CQEs
- * in epoll on the CQ's eventfd.
+ * thread's NEED_WAKEUP sleep and rf_submit's wake-up, waiting for CQEs in
+ * epoll on the CQ's eventfd, and a ring failed by a corrupt SQ tail.
  */
 #include "rftest.h"
 
@@ -375,6 +375,91 @@ static void epoll_on_the_cq_eventfd(void)
     MUST(rf_worker_destroy(w));
 }
 
+/* A ring whose SQ tail is corrupted fails, loudly and alone: the FAILED
+   flags, RF_ERING_CORRUPT from rf_progress (until it is destroyed),
+   rf_ring_check, rf_wait_cqes, rf_submit, rf_ring_cq_arm, rf_ring_try_now
+   and, once the CQEs published before are read, rf_peek_cqe; restoring the
+   tail does not revive it; rf_ring_destroy tears it down; a second ring of
+   the same worker keeps working throughout. */
+static void a_corrupt_sq_tail_fails_the_ring(void)
+{
+    static uint8_t local[64];
+    struct link l = connect_window(64, local, sizeof local);
+    rf_worker_t target = l.target, w = l.w;
+    struct rf_ring bad, good;
+    MUST(rf_ring_create(w, 8, 8, &bad));
+    MUST(rf_ring_create(w, 0, 0, &good));
+    memset(local, 0x5a, sizeof local);
+    for (uint64_t i = 1; i <= 2; i++) {
+        struct rf_sqe *sqe = rft_sqe(&bad);
+        rf_prep_nop(sqe);
+        rf_sqe_set_data(sqe, i);
+    }
+    CHECK(rf_submit(&bad) == 2);
+    CHECK(rf_progress(w) > 0); /* both CQEs posted, not read yet */
+    CHECK_RC(rf_ring_check(&bad), 0);
+
+    /* A tail far more than the SQ holds ahead of what the engine took. */
+    __atomic_store_n(bad.sq_tail, bad.sq_published + 1000, __ATOMIC_RELEASE);
+    CHECK_RC(rf_progress(w), RF_ERING_CORRUPT);
+    CHECK(__atomic_load_n(bad.sq_shared_flags, __ATOMIC_ACQUIRE) & RF_SQ_FAILED);
+    CHECK(__atomic_load_n(bad.cq_shared_flags, __ATOMIC_ACQUIRE) & RF_CQ_FAILED);
+    __atomic_store_n(bad.sq_tail, bad.sq_published, __ATOMIC_RELEASE);
+    CHECK_RC(rf_progress(w), RF_ERING_CORRUPT); /* for good */
+    CHECK_RC(rf_ring_check(&bad), RF_ERING_CORRUPT);
+    CHECK_RC(rf_ring_check(&good), 0);
+
+    /* What was published before stays readable, then the failure. */
+    struct rf_cqe *cqe = NULL;
+    for (uint64_t i = 1; i <= 2; i++) {
+        CHECK_RC(rf_peek_cqe(&bad, &cqe), 0);
+        CHECK(cqe != NULL && cqe->user_data == i && cqe->res == 0);
+        rf_cqe_seen(&bad, cqe);
+    }
+    CHECK_RC(rf_peek_cqe(&bad, &cqe), RF_ERING_CORRUPT);
+    CHECK(cqe == NULL);
+    struct rf_cqe *batch[4];
+    CHECK_RC(rf_peek_batch_cqe(&bad, batch, 4), RF_ERING_CORRUPT);
+    /* At once, not at the deadline. */
+    CHECK_RC(rf_wait_cqes(&bad, 1, (int64_t)(RFT_HANG_SECONDS * 1e9)), RF_ERING_CORRUPT);
+    CHECK_RC(rf_wait_cqes(&bad, 1, -1), RF_ERING_CORRUPT);
+    CHECK_RC(rf_ring_cq_arm(&bad), RF_ERING_CORRUPT);
+    struct rf_sqe put;
+    memset(&put, 0, sizeof put);
+    rf_prep_put(&put, l.ep, local, l.mem, (uint64_t)(uintptr_t)l.window, l.rkey, 8);
+    int32_t res = 7;
+    CHECK_RC(rf_ring_try_now(&bad, &put, &res), RF_ERING_CORRUPT);
+    CHECK(res == 7);
+    /* The SQ still has room by the cached head; the submit says it. */
+    struct rf_sqe *sqe = rft_sqe(&bad);
+    rf_prep_nop(sqe);
+    CHECK_RC(rf_submit(&bad), RF_ERING_CORRUPT);
+    CHECK_RC(rf_submit(&bad), RF_ERING_CORRUPT); /* nothing pending */
+
+    /* The other ring works. */
+    sqe = rft_sqe(&good);
+    rf_prep_put(sqe, l.ep, local, l.mem, (uint64_t)(uintptr_t)l.window, l.rkey, 8);
+    rf_sqe_set_data(sqe, 11);
+    sqe = rft_sqe(&good);
+    rf_prep_flush(sqe, l.ep);
+    rf_sqe_set_data(sqe, 12);
+    CHECK(rf_submit(&good) == 2);
+    struct rf_cqe c = rft_one_cqe(w, &good);
+    CHECK(c.user_data == 11 && c.res == 8);
+    c = rft_one_cqe(w, &good);
+    CHECK(c.user_data == 12 && c.res == 0);
+    CHECK(l.window[0] == 0x5a && l.window[7] == 0x5a);
+
+    /* Destroying the failed ring ends the worker's report. */
+    CHECK_RC(rf_ring_destroy(&bad), 0);
+    CHECK(rf_progress(w) >= 0);
+    CHECK_RC(rf_ring_destroy(&bad), RF_ESTALE_HANDLE);
+    CHECK_RC(rf_ring_check(&bad), RF_ESTALE_HANDLE);
+    MUST(rf_ring_destroy(&good));
+    MUST(rf_worker_destroy(w));
+    MUST(rf_worker_destroy(target));
+}
+
 int main(void)
 {
     RFT_RUN(nops_in_batches_wrap_in_order);
@@ -386,5 +471,6 @@ int main(void)
     RFT_RUN(try_now_runs_or_declines);
     RFT_RUN(submit_wakes_a_sleeping_core_thread);
     RFT_RUN(epoll_on_the_cq_eventfd);
+    RFT_RUN(a_corrupt_sq_tail_fails_the_ring);
     return rft_finish("ring");
 }

@@ -84,7 +84,8 @@ impl Resolved {
     }
 
     /// Whether `sqe` names what was resolved and passes every check
-    /// `Engine::check_rma` makes.
+    /// `Engine::check_rma` makes (the fields a PUT or GET does not use are
+    /// zero among them: `rma_shape`).
     #[inline]
     pub(super) fn covers(&self, sqe: &Sqe, opcode: Opcode) -> bool {
         let len = u64::from(sqe.len);
@@ -124,7 +125,9 @@ impl Engine {
             && ep.epochs_admit(lane)
             && !ep.has(NOT_DIRECT)
             && ep.state == EpState::Connected;
-        if !ready || !sqe.reserved_are_zero() {
+        // The fields a PUT or GET does not use: `check_rma` or `covers`
+        // (`rma_shape`, below).
+        if !ready {
             return None;
         }
         if ep.submit_epoch != ep.admitted_epoch && !self.weak_lane_kept(sqe.endpoint as usize, lane)
@@ -174,7 +177,6 @@ impl Engine {
         // executes, and the keys are the first one's.
         sqe.endpoint == run_ep
             && sqe.flags().is_ok()
-            && sqe.reserved_are_zero()
             && self.endpoints[run_ep as usize].peek_data_lane(sqe.len, threshold) == 0
             && self.resolved.covers(sqe, opcode)
     }
@@ -191,7 +193,6 @@ impl Engine {
         self.resolved.execute
             && self.resolved.covers(sqe, opcode)
             && sqe.flags().is_ok()
-            && sqe.reserved_are_zero()
             && ep.head == NONE
             && ep.epochs_admit(0)
             && !ep.has(NOT_DIRECT)

@@ -78,7 +78,9 @@ impl Engine {
 
     /// A FENCE bumps W and completes at once (R5): it orders; the boundary
     /// action happens when the next request needs it (R10, R11). On a failed
-    /// endpoint it is accepted and does nothing (R34).
+    /// endpoint it is accepted and does nothing (R34); on one whose peer is
+    /// dead it fails with [`Status::PeerUnreachable`], as everything there
+    /// does.
     pub(super) fn fence(&mut self, id: RequestId, e: usize, subop: u8) {
         let mode = FenceMode::try_from(subop).unwrap_or(FenceMode::COMPLETE);
         let ep = &mut self.endpoints[e];
@@ -91,7 +93,13 @@ impl Engine {
         tracing::trace!(endpoint = e, ?mode, epoch = ep.submit_epoch, "fence");
         self.stats.fences += 1;
         self.cold[e].stats.fences += 1;
-        self.complete(id, Ok(0));
+        let result = match ep.state {
+            EpState::Failed if ep.error() == Status::PeerUnreachable => {
+                Err(Status::PeerUnreachable)
+            }
+            _ => Ok(0),
+        };
+        self.complete(id, result);
     }
 
     pub(super) fn push_tail(&mut self, e: usize, id: RequestId) {

@@ -67,6 +67,7 @@ use ringfence_ring::{
 };
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// SQEs taken from one queue pair per round.
 const INTAKE_BATCH: usize = 64;
@@ -321,10 +322,32 @@ impl Engine {
         empty
     }
 
-    /// Clears NEED_WAKEUP on every SQ.
+    /// Clears NEED_WAKEUP on every SQ (but a failed one's: the engine
+    /// writes nothing there any more).
     pub(crate) fn finish_sleep(&mut self) {
         for q in &mut self.queues {
-            q.sq.finish_wait();
+            if !q.broken {
+                q.sq.finish_wait();
+            }
         }
+    }
+
+    /// The application dropped queue pair `qi`. Its ring stays the
+    /// engine's (what is in flight still completes into it) until the
+    /// worker goes; a failed one stops counting in
+    /// [`failed_queues`](Engine::failed_queues).
+    pub(crate) fn queue_dropped(&mut self, qi: usize) {
+        if let Some(q) = self.queues.get_mut(qi) {
+            q.dropped = true;
+        }
+    }
+
+    /// Queue pairs that failed (their ring memory was found corrupt) and
+    /// that the application has not dropped yet.
+    pub(crate) fn failed_queues(&self) -> usize {
+        self.queues
+            .iter()
+            .filter(|q| q.broken && !q.dropped)
+            .count()
     }
 }

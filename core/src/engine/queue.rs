@@ -15,8 +15,14 @@ pub(crate) struct EngineQueue {
     pub(super) cq_bell: Option<Arc<Doorbell>>,
     /// CQEs pushed this round, to publish.
     pub(super) pushed: bool,
-    /// The SQ's shared indices were found corrupt: nothing more is taken.
+    /// The ring memory was found corrupt (`fail`): nothing more is taken
+    /// from the SQ or posted to the CQ.
     pub(super) broken: bool,
+    /// `broken`, for the queue pair (in process memory, which the
+    /// application cannot scribble over as it can the ring's flags).
+    pub(super) failed: Arc<AtomicBool>,
+    /// The application dropped its queue pair (`Engine::queue_dropped`).
+    pub(super) dropped: bool,
 }
 
 impl EngineQueue {
@@ -26,6 +32,7 @@ impl EngineQueue {
         requests: u32,
         notify_buffers: u32,
         cq_bell: Option<Arc<Doorbell>>,
+        failed: Arc<AtomicBool>,
     ) -> EngineQueue {
         EngineQueue {
             sq,
@@ -40,11 +47,47 @@ impl EngineQueue {
             cq_bell,
             pushed: false,
             broken: false,
+            failed,
+            dropped: false,
         }
     }
 
-    /// Posts one CQE, or keeps it in order in the overflow list.
+    /// Fails this queue pair: its ring memory was found corrupt (`why`).
+    /// What was pushed this round is published; then the engine marks both
+    /// rings FAILED (the SQ's consumer flags, the CQ's producer flags, each
+    /// one Release store), tells the queue pair, rings the CQ doorbell so
+    /// that a sleeping waiter looks, and from then on takes no SQE and posts
+    /// no CQE here: the overflow list and every later completion of this
+    /// queue pair's requests are dropped (their slots are still freed, by
+    /// `Engine::complete`). Nothing of the ring memory is read again.
+    #[cold]
+    pub(super) fn fail(&mut self, why: &dyn std::fmt::Display) {
+        if self.broken {
+            return;
+        }
+        tracing::error!(%why, dropped_cqes = self.overflow.len(), "queue pair failed: its ring memory is corrupt");
+        self.broken = true;
+        self.overflow.clear();
+        self.pushed = false;
+        // Publishes this round's CQEs, then sets FAILED.
+        self.cq.fail();
+        self.sq.fail();
+        // Release: pairs with the Acquire loads in `QueuePair::check` and
+        // the waits.
+        self.failed.store(true, Ordering::Release);
+        if let Some(bell) = &self.cq_bell {
+            if let Err(e) = bell.ring() {
+                tracing::error!(error = %e, "CQ doorbell failed");
+            }
+        }
+    }
+
+    /// Posts one CQE, or keeps it in order in the overflow list. Nothing,
+    /// once the queue pair failed.
     pub(super) fn post(&mut self, cqe: Cqe, stats: &mut Stats) {
+        if self.broken {
+            return;
+        }
         if self.overflow.is_empty() {
             match self.cq.push(cqe) {
                 Ok(()) => {
@@ -52,9 +95,7 @@ impl EngineQueue {
                     return;
                 }
                 Err(RingError::Full) => {}
-                Err(RingError::Corrupt(c)) => {
-                    tracing::error!(%c, "CQ indices corrupt; completions kept in the overflow list");
-                }
+                Err(RingError::Corrupt(c)) => return self.fail(&c),
             }
             self.cq.set_overflow(true);
         }
@@ -84,8 +125,13 @@ impl EngineQueue {
     pub(crate) fn flush_overflow(&mut self) -> usize {
         let mut moved = 0;
         while let Some(&cqe) = self.overflow.front() {
-            if self.cq.push(cqe).is_err() {
-                break;
+            match self.cq.push(cqe) {
+                Ok(()) => {}
+                Err(RingError::Full) => break,
+                Err(RingError::Corrupt(c)) => {
+                    self.fail(&c);
+                    return moved;
+                }
             }
             self.overflow.pop_front();
             moved += 1;
@@ -186,6 +232,22 @@ impl Engine {
             return 0;
         };
         let q = &mut self.queues[qi];
+        if q.broken {
+            // Nobody can be told: each delivery's buffer goes back unread.
+            let notify = &self.notify;
+            let mut dropped = 0usize;
+            notify.drain(|d: Delivery| {
+                if notify.read(d.buffer, d.len).is_some() {
+                    notify.release(d.buffer);
+                }
+                dropped += 1;
+                true
+            });
+            if dropped > 0 {
+                tracing::warn!(dropped, "notifications dropped: their queue pair failed");
+            }
+            return 0;
+        }
         if !q.overflow.is_empty() {
             return 0;
         }

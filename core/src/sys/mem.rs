@@ -8,8 +8,11 @@
 
 use super::peer;
 use crate::driver::DriverMemory;
+use crate::limits::{self, Reservation};
+use nix::sys::mman::{self, MapFlags, ProtFlags};
 use ringfence_ring::AtomicOp;
 use std::alloc::{Layout, alloc_zeroed, dealloc};
+use std::num::NonZeroUsize;
 use std::ptr::NonNull;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -67,17 +70,32 @@ pub unsafe fn store_u64(addr: u64, value: u64) {
 }
 
 /// Zeroed, 64-byte-aligned memory owned by the registry, whose address
-/// can be handed out for registration: a heap allocation, or memory a
-/// driver provided ([`DriverMemory`], e.g. a sealed memfd that peers map).
+/// can be handed out for registration: a heap allocation, an anonymous
+/// mapping (large ones), or memory a driver provided ([`DriverMemory`],
+/// e.g. a sealed memfd that peers map). Counted against the process's
+/// memory limit while it lives ([`crate::limits`]).
 #[derive(Debug)]
 pub(crate) struct OwnedMem {
     backing: Backing,
+    /// Released when the memory is: after `backing` is dropped.
+    _reservation: Option<Reservation>,
 }
+
+/// From this size on, [`OwnedMem::new`] maps anonymous memory: the kernel
+/// hands it out zeroed and faults pages in as they are first touched, so a
+/// large allocation costs neither a zero fill nor resident memory up front
+/// (the global allocator zero-fills 64-byte-aligned memory by hand).
+const MAP_FROM: usize = 64 << 10;
 
 #[derive(Debug)]
 enum Backing {
     /// From the global allocator with exactly this layout; freed on drop.
     Heap { ptr: NonNull<u8>, layout: Layout },
+    /// A private anonymous mapping of `len` bytes (whole pages), made
+    /// without `MAP_NORESERVE`: the kernel commits it at creation (under
+    /// strict overcommit a commitment beyond the commit limit fails there).
+    /// Unmapped on drop.
+    Anon { ptr: NonNull<u8>, len: usize },
     /// A driver's memory; `len` is the length asked for (at most the
     /// driver's, checked in `from_driver`). Unmapped when the last `Arc`
     /// goes.
@@ -96,38 +114,63 @@ unsafe impl Send for OwnedMem {}
 unsafe impl Sync for OwnedMem {}
 
 impl OwnedMem {
-    /// Allocates `len` zeroed bytes (at least one), 64-byte aligned.
+    /// Allocates `len` zeroed bytes (at least one), 64-byte aligned, kept
+    /// counted by `reservation` (the caller reserved `len` bytes). From
+    /// [`MAP_FROM`] bytes on, an anonymous mapping: zero pages from the
+    /// kernel, faulted in lazily, never filled here.
     ///
     /// # Errors
     /// `None` if `len` is too large to lay out or the allocation fails.
-    pub(crate) fn new(len: usize) -> Option<OwnedMem> {
-        let layout = Layout::from_size_align(len.max(1), 64).ok()?;
-        // SAFETY: the layout has a non-zero size.
-        let ptr = NonNull::new(unsafe { alloc_zeroed(layout) })?;
+    pub(crate) fn new(len: usize, reservation: Reservation) -> Option<OwnedMem> {
+        let backing = if len >= MAP_FROM {
+            let size = limits::round_to_pages(len)?;
+            let flags = MapFlags::MAP_PRIVATE;
+            let prot = ProtFlags::PROT_READ | ProtFlags::PROT_WRITE;
+            // SAFETY: a fresh anonymous mapping at an address the kernel
+            // picks overlaps nothing of ours.
+            let ptr = unsafe { mman::mmap_anonymous(None, NonZeroUsize::new(size)?, prot, flags) }
+                .ok()?;
+            Backing::Anon {
+                ptr: ptr.cast(),
+                len: size,
+            }
+        } else {
+            let layout = Layout::from_size_align(len.max(1), 64).ok()?;
+            // SAFETY: the layout has a non-zero size.
+            let ptr = NonNull::new(unsafe { alloc_zeroed(layout) })?;
+            Backing::Heap { ptr, layout }
+        };
         Some(OwnedMem {
-            backing: Backing::Heap { ptr, layout },
+            backing,
+            _reservation: Some(reservation),
         })
     }
 
-    /// Wraps `len` bytes of memory a driver allocated.
+    /// Wraps `len` bytes of memory a driver allocated, counted by
+    /// `reservation` (host memory) or not at all (device memory).
     ///
     /// # Errors
     /// `None` if the driver's memory breaks the [`DriverMemory`] contract
     /// in a way that can be seen: shorter than `len`, unaligned, or at
     /// address 0.
-    pub(crate) fn from_driver(mem: Arc<dyn DriverMemory>, len: usize) -> Option<OwnedMem> {
+    pub(crate) fn from_driver(
+        mem: Arc<dyn DriverMemory>,
+        len: usize,
+        reservation: Option<Reservation>,
+    ) -> Option<OwnedMem> {
         if mem.len() < len.max(1) || mem.addr() == 0 || mem.addr() % 64 != 0 {
             return None;
         }
         Some(OwnedMem {
             backing: Backing::Driver { mem, len },
+            _reservation: reservation,
         })
     }
 
     /// The start address.
     pub(crate) fn addr(&self) -> u64 {
         match &self.backing {
-            Backing::Heap { ptr, .. } => ptr.as_ptr() as usize as u64,
+            Backing::Heap { ptr, .. } | Backing::Anon { ptr, .. } => ptr.as_ptr() as usize as u64,
             Backing::Driver { mem, .. } => mem.addr(),
         }
     }
@@ -135,7 +178,7 @@ impl OwnedMem {
     /// The start as a pointer (keeping the heap allocation's provenance).
     fn ptr(&self) -> *const u8 {
         match &self.backing {
-            Backing::Heap { ptr, .. } => ptr.as_ptr(),
+            Backing::Heap { ptr, .. } | Backing::Anon { ptr, .. } => ptr.as_ptr(),
             Backing::Driver { mem, .. } => mem.addr() as usize as *const u8,
         }
     }
@@ -144,6 +187,7 @@ impl OwnedMem {
     pub(crate) fn len(&self) -> usize {
         match &self.backing {
             Backing::Heap { layout, .. } => layout.size(),
+            Backing::Anon { len, .. } => *len,
             Backing::Driver { len, .. } => (*len).max(1),
         }
     }
@@ -211,10 +255,10 @@ impl OwnedMem {
 
     /// A borrowed view of `len` bytes at `offset`.
     ///
-    /// Only for memory no peer can reach: the notification buffers, heap
-    /// memory that is never registered or mapped by another process, and
-    /// written only by a driver's `NotifyPool::deliver` while the buffer is
-    /// FILLING. Registered memory is never viewed as a slice (a peer may
+    /// Only for memory no peer can reach: the notification buffers, private
+    /// memory (the heap or a private anonymous mapping, from `new`) that is
+    /// never registered or mapped by another process, and written only by
+    /// a driver's `NotifyPool::deliver` while the buffer is FILLING. Registered memory is never viewed as a slice (a peer may
     /// write it at any time).
     ///
     /// # Safety
@@ -235,9 +279,15 @@ impl OwnedMem {
 
 impl Drop for OwnedMem {
     fn drop(&mut self) {
-        if let Backing::Heap { ptr, layout } = &self.backing {
+        match &self.backing {
             // SAFETY: allocated in `new` with exactly this layout.
-            unsafe { dealloc(ptr.as_ptr(), *layout) }
+            Backing::Heap { ptr, layout } => unsafe { dealloc(ptr.as_ptr(), *layout) },
+            Backing::Anon { ptr, len } => {
+                // SAFETY: mapped in `new` with exactly this length; nothing
+                // uses it any more (we are its only owner, being dropped).
+                let _ = unsafe { mman::munmap(ptr.cast(), *len) };
+            }
+            Backing::Driver { .. } => {}
         }
         // Driver memory is released by its own `Drop` with the last `Arc`.
     }
@@ -247,9 +297,13 @@ impl Drop for OwnedMem {
 mod tests {
     use super::*;
 
+    fn owned(len: usize) -> OwnedMem {
+        OwnedMem::new(len, limits::reserve(len).unwrap()).unwrap()
+    }
+
     #[test]
     fn owned_memory_reads_writes_and_atomics() {
-        let mem = OwnedMem::new(64).unwrap();
+        let mem = owned(64);
         assert_eq!(mem.addr() % 64, 0);
         mem.write(8, &5u64.to_ne_bytes());
         assert_eq!(mem.load_u64(8), 5);
@@ -279,7 +333,22 @@ mod tests {
         assert_eq!(u64::from_ne_bytes(out), 2);
         // SAFETY: nothing writes `mem` while the slice lives.
         assert_eq!(unsafe { mem.slice(16, 8) }, &9u64.to_ne_bytes());
-        assert!(OwnedMem::new(usize::MAX).is_none());
+        assert!(OwnedMem::new(usize::MAX, limits::reserve(1).unwrap()).is_none());
+        assert!(OwnedMem::new(usize::MAX / 2, limits::reserve(1).unwrap()).is_none());
+    }
+
+    #[test]
+    fn large_allocations_are_zeroed_mappings_counted_while_live() {
+        let len = MAP_FROM * 4 + 1;
+        let mem = owned(len);
+        assert!(matches!(mem.backing, Backing::Anon { .. }));
+        assert_eq!(mem.addr() % limits::page_size() as u64, 0);
+        assert_eq!(mem.len(), limits::round_to_pages(len).unwrap());
+        assert_eq!(mem.load_u64(mem.len() - 8), 0, "zero from the kernel");
+        mem.store_u64(mem.len() - 8, 3);
+        assert_eq!(mem.load_u64(mem.len() - 8), 3);
+        // Other tests allocate concurrently: ours is part of the total.
+        assert!(limits::live_bytes() >= mem.len() as u64);
     }
 
     /// Driver memory for the test: a heap allocation, `skew` bytes in.
@@ -305,12 +374,12 @@ mod tests {
     fn driver_memory_is_used_as_is_and_checked() {
         let fake = |skew, len| -> Arc<dyn DriverMemory> {
             Arc::new(Fake {
-                mem: OwnedMem::new(256).unwrap(),
+                mem: owned(256),
                 skew,
                 len,
             })
         };
-        let mem = OwnedMem::from_driver(fake(64, 128), 100).unwrap();
+        let mem = OwnedMem::from_driver(fake(64, 128), 100, None).unwrap();
         assert_eq!((mem.addr() % 64, mem.len()), (0, 100));
         mem.write(88, &7u64.to_ne_bytes());
         assert_eq!(mem.load_u64(88), 7);
@@ -318,11 +387,11 @@ mod tests {
         mem.read(88, &mut out);
         assert_eq!(u64::from_ne_bytes(out), 7);
         assert!(
-            OwnedMem::from_driver(fake(64, 50), 100).is_none(),
+            OwnedMem::from_driver(fake(64, 50), 100, None).is_none(),
             "shorter than asked"
         );
         assert!(
-            OwnedMem::from_driver(fake(8, 128), 100).is_none(),
+            OwnedMem::from_driver(fake(8, 128), 100, None).is_none(),
             "not 64-byte aligned"
         );
         drop(mem);

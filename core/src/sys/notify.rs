@@ -15,6 +15,7 @@
 
 use super::mem::OwnedMem;
 use super::peer;
+use crate::limits;
 use ringfence_ring::Status;
 use ringfence_ring::{Doorbell, WakeFlag};
 use std::collections::VecDeque;
@@ -70,20 +71,50 @@ impl fmt::Debug for NotifyPool {
 impl NotifyPool {
     /// `count` buffers of `size` bytes (both may be zero: no notifications).
     ///
+    /// The buffers are one allocation counted against the process's memory
+    /// limit ([`crate::limits`]); a large one is an anonymous mapping whose
+    /// pages the kernel zeroes as they are first written, so creating a
+    /// pool costs neither a fill nor resident memory.
+    ///
     /// # Errors
     /// [`Status::InvalidArgument`] for more than [`MAX_NOTIFY_BUFFERS`];
-    /// [`Status::NoMemory`] if the buffers cannot be allocated.
+    /// [`Status::NoMemory`] if the buffers exceed the memory limit or
+    /// cannot be allocated.
     pub fn new(count: u32, size: u32) -> Result<NotifyPool, Status> {
+        let bytes = Self::bytes(count, size)?;
+        let reservation = match bytes {
+            0 => None,
+            _ => Some(limits::reserve(bytes).map_err(|_| Status::NoMemory)?),
+        };
+        Self::reserved(count, size, reservation)
+    }
+
+    /// The bytes `count` buffers of `size` take.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new), before anything is allocated.
+    pub(crate) fn bytes(count: u32, size: u32) -> Result<usize, Status> {
         if count > MAX_NOTIFY_BUFFERS {
             return Err(Status::InvalidArgument);
         }
-        let bytes = (count as usize)
+        (count as usize)
             .checked_mul(size as usize)
-            .ok_or(Status::NoMemory)?;
-        let mem = if bytes == 0 {
-            None
-        } else {
-            Some(OwnedMem::new(bytes).ok_or(Status::NoMemory)?)
+            .ok_or(Status::NoMemory)
+    }
+
+    /// As [`new`](Self::new), with the caller's reservation of
+    /// [`bytes`](Self::bytes) (`None` for a pool of none).
+    pub(crate) fn reserved(
+        count: u32,
+        size: u32,
+        reservation: Option<limits::Reservation>,
+    ) -> Result<NotifyPool, Status> {
+        let bytes = Self::bytes(count, size)?;
+        let mem = match reservation {
+            Some(reservation) if bytes > 0 => {
+                Some(OwnedMem::new(bytes, reservation).ok_or(Status::NoMemory)?)
+            }
+            _ => None,
         };
         Ok(NotifyPool {
             mem,
@@ -220,10 +251,11 @@ impl NotifyPool {
             .ok()?;
         let mem = self.mem.as_ref()?;
         let len = len.min(self.size) as usize;
-        // SAFETY: the pool's memory is private heap memory (`OwnedMem::new`),
-        // never registered, so no peer reaches it; buffer `buffer` is ours
-        // in state READING, and no driver writes a buffer that is not FREE,
-        // so it stays unchanged until `release`.
+        // SAFETY: the pool's memory is private (`OwnedMem::new`: the heap or
+        // a private anonymous mapping), never registered, so no peer
+        // reaches it; buffer `buffer` is ours in state READING, and no
+        // driver writes a buffer that is not FREE, so it stays unchanged
+        // until `release`.
         Some(unsafe { mem.slice(buffer as usize * self.size as usize, len) })
     }
 

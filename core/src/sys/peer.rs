@@ -326,7 +326,7 @@ mod tests {
     #[test]
     fn registered_buffer_paths_round_trip() {
         use super::super::mem::OwnedMem;
-        let mem = OwnedMem::new(256).unwrap();
+        let mem = OwnedMem::new(256, crate::limits::reserve(256).unwrap()).unwrap();
         let lens: Vec<usize> = if cfg!(miri) {
             (0..=17).chain([32, 63, 64]).collect()
         } else {
@@ -362,7 +362,7 @@ mod tests {
     #[test]
     fn a_polled_registered_word_is_written_whole() {
         use super::super::mem::OwnedMem;
-        let mem = Arc::new(OwnedMem::new(64).unwrap());
+        let mem = Arc::new(OwnedMem::new(64, crate::limits::reserve(64).unwrap()).unwrap());
         let rounds = if cfg!(miri) { 20 } else { 20_000 };
         let writer = {
             let mem = Arc::clone(&mem);

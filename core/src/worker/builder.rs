@@ -39,7 +39,11 @@ impl WorkerBuilder {
         self
     }
 
-    /// Notification buffers: `count` of `size` bytes.
+    /// Notification buffers: `count` of `size` bytes, allocated (as one
+    /// region counted against the memory limit, see
+    /// [`limits`](crate::limits)) when the worker is built. A large pool is
+    /// an anonymous mapping the kernel zeroes page by page as buffers are
+    /// first used: building does not touch it.
     pub fn notify_buffers(&mut self, count: u32, size: u32) -> &mut Self {
         self.config.notify_buffers = count;
         self.config.notify_size = size;
@@ -66,13 +70,29 @@ impl WorkerBuilder {
     /// [`Error::InvalidConfig`] for a bad builder value, [`Error::Drivers`]
     /// if no driver is left, `RINGFENCE_DRIVERS` names one not provided, a
     /// driver's capabilities are unusable (`Capabilities::invalid`), or two
-    /// drivers share a name.
+    /// drivers share a name; [`Error::MemoryLimit`] (status
+    /// [`Status::NoMemory`]) if the notification buffers exceed the memory
+    /// limit, which is read again here ([`limits::memory_limit`]).
     pub fn build(&mut self) -> Result<Worker, Error> {
         let mut config = self.config.clone();
         if !self.ignore_env {
             config.apply_env(|var| std::env::var(var).ok())?;
         }
         config.validate()?;
+        // Read the limit at creation (the control path), for this build and
+        // for later allocations; a pool beyond it fails before anything is
+        // set up.
+        limits::refresh();
+        let (count, size) = (config.notify_buffers, config.notify_size);
+        let pool =
+            NotifyPool::bytes(count, size).map_err(Error::status_of("notification buffers"))?;
+        let reservation = match pool {
+            0 => None,
+            _ => Some(limits::reserve(pool).map_err(|source| Error::MemoryLimit {
+                op: "notification buffers",
+                source,
+            })?),
+        };
         let mut drivers = std::mem::take(&mut self.drivers);
         if let Some(names) = &config.drivers {
             let mut chosen = Vec::new();
@@ -110,7 +130,7 @@ impl WorkerBuilder {
             return Err(Error::Drivers("at most 255 drivers".into()));
         }
         let notify = Arc::new(
-            NotifyPool::new(config.notify_buffers, config.notify_size)
+            NotifyPool::reserved(count, size, reservation)
                 .map_err(Error::status_of("notification buffers"))?,
         );
         let sq_bell = Arc::new(Doorbell::new().map_err(|source| Error::Os {

@@ -105,7 +105,9 @@ impl Worker {
     /// Allocates `len` zeroed, 64-byte aligned bytes of host memory and
     /// registers them: the zero-copy way to start. The same as
     /// [`alloc_registered_kind`](Worker::alloc_registered_kind) with
-    /// [`MemKind::Host`].
+    /// [`MemKind::Host`]: beyond the process's memory limit
+    /// ([`limits::memory_limit`]) it fails at once with
+    /// [`Error::MemoryLimit`] (status [`Status::NoMemory`]).
     ///
     /// # Errors
     /// As `alloc_registered_kind`.
@@ -123,18 +125,52 @@ impl Worker {
     /// host code: the returned buffer's `read`, `write` and word accessors
     /// panic on it.
     ///
+    /// # Memory limit
+    /// Host memory is checked before anything is allocated: `len` rounded
+    /// up to whole pages, plus every ringfence allocation of this process
+    /// still live (registered memory, notification buffers), must fit in
+    /// the process's memory limit ([`limits::memory_limit`]: the smallest of
+    /// physical memory plus swap, the cgroup's `memory.max` plus swap, and
+    /// a finite `RLIMIT_AS` or `RLIMIT_DATA`). Beyond it the call fails at
+    /// once with [`Error::MemoryLimit`] (status [`Status::NoMemory`]),
+    /// whose message names the limit.
+    ///
+    /// Within the limit, heap memory of 64 KiB or more is an anonymous
+    /// mapping, committed at creation (no `MAP_NORESERVE`: under strict
+    /// overcommit, a commitment the kernel cannot back fails here) and
+    /// zeroed by the kernel page by page as it is first touched, so a large
+    /// allocation is fast and costs no resident memory until used. The shm
+    /// driver's memfd memory is allocated in full at creation
+    /// (`fallocate`), because peers write it: it is really there, or the
+    /// call fails with `NoMemory`, never a fault later.
+    ///
     /// # Errors
-    /// [`Error::Unsupported`] if no driver of this worker provides or
+    /// [`Status::InvalidLength`] for a zero `len` or one that overflows
+    /// when rounded up to pages; [`Error::MemoryLimit`] beyond the memory
+    /// limit; [`Error::Unsupported`] if no driver of this worker provides or
     /// registers `kind`; as [`register`](Worker::register); the driver's
-    /// allocation error; or the allocation failed.
+    /// allocation error; or the allocation failed ([`Status::NoMemory`]).
     pub fn alloc_registered_kind(&self, len: usize, kind: MemKind) -> Result<RegisteredBuf, Error> {
         let no_memory = Error::Status {
             op: "alloc_registered",
             status: Status::NoMemory,
         };
-        let from_driver = if len == 0 {
-            None
-        } else {
+        if len == 0 || limits::round_to_pages(len).is_none() {
+            return Err(Error::Status {
+                op: "alloc_registered",
+                status: Status::InvalidLength,
+            });
+        }
+        // Host memory counts against the process's limit, checked before
+        // any driver allocates; device memory is the driver's to bound.
+        let reservation = match kind {
+            MemKind::Host => Some(limits::reserve(len).map_err(|source| Error::MemoryLimit {
+                op: "alloc_registered",
+                source,
+            })?),
+            MemKind::Cuda => None,
+        };
+        let from_driver = {
             let mut engine = self.shared.engine();
             engine.drivers.iter_mut().find_map(|d| {
                 let name = d.name();
@@ -147,8 +183,8 @@ impl Worker {
                 })
             })
         };
-        let mem = Arc::new(match from_driver {
-            Some(mem) => {
+        let mem = Arc::new(match (from_driver, reservation) {
+            (Some(mem), reservation) => {
                 let mem = mem?;
                 if mem.kind() != kind {
                     return Err(Error::Unsupported(format!(
@@ -156,10 +192,10 @@ impl Worker {
                         mem.kind()
                     )));
                 }
-                OwnedMem::from_driver(mem, len).ok_or(no_memory)?
+                OwnedMem::from_driver(mem, len, reservation).ok_or(no_memory)?
             }
-            None if kind == MemKind::Host => OwnedMem::new(len).ok_or(no_memory)?,
-            None => {
+            (None, Some(reservation)) => OwnedMem::new(len, reservation).ok_or(no_memory)?,
+            (None, None) => {
                 return Err(Error::Unsupported(format!(
                     "no driver of this worker allocates {kind:?} memory"
                 )));
@@ -218,7 +254,7 @@ impl Worker {
             })?;
             parts.push(blob::encode(driver.name(), r.base, r.len, &part));
         }
-        Ok(encode_key_parts(&parts))
+        Ok(encode_key(&parts))
     }
 
     /// The remote region remote key `rkey` (unpacked for endpoint `ep`)
@@ -242,17 +278,28 @@ impl Worker {
 
     /// Turns a peer's key blob into an id for SQEs on `ep`: each of the
     /// endpoint's drivers unpacks its part (an endpoint with lanes on
-    /// several drivers uses the lanes of those that had one).
+    /// several drivers uses the lanes of those that had one). The whole
+    /// blob is checked first, field by field and against its integrity
+    /// check, so that a damaged one is refused before any driver sees it
+    /// (and so before anything is sent to the target).
     ///
     /// # Errors
-    /// [`Status::InvalidEndpoint`], [`Status::InvalidArgument`] for a
-    /// malformed blob or one without a part for any of `ep`'s drivers, or
-    /// a driver's error.
+    /// [`Status::InvalidEndpoint`]; [`Error::Malformed`]
+    /// ([`Status::InvalidArgument`]) for a blob that is malformed or fails
+    /// its integrity check (a flipped bit, cut short, bytes after its
+    /// end); [`Status::InvalidArgument`] for one without a part for any of
+    /// `ep`'s drivers; or a driver's error (its own part malformed:
+    /// `InvalidArgument`; refused by the target: `AccessDenied`,
+    /// `InvalidRkey`).
     pub fn unpack_rkey(&self, ep: EndpointId, key: &[u8]) -> Result<RkeyId, Error> {
         let bad = || Error::Status {
             op: "unpack_rkey",
             status: Status::InvalidArgument,
         };
+        let parts = decode_key(key).map_err(|what| Error::Malformed {
+            op: "unpack_rkey",
+            what,
+        })?;
         let mut engine = self.shared.engine();
         let Some(cold) = engine.cold.get(ep.0 as usize) else {
             return Err(Error::Status {
@@ -272,19 +319,15 @@ impl Worker {
             len: 0,
         };
         let mut bounds = None;
-        for part in key_parts(key) {
-            let part = part.ok_or_else(bad)?;
-            let decoded = blob::decode(part).map_err(Error::status_of("unpack_rkey"))?;
+        for decoded in &parts {
             for (gi, &(driver, driver_ep)) in groups.iter().enumerate() {
                 let name = engine.drivers[driver].name();
                 if decoded.driver != name || entry.parts[gi].is_some() {
                     continue;
                 }
-                // Every part of one key describes the same region.
-                if *bounds.get_or_insert((decoded.base, decoded.len)) != (decoded.base, decoded.len)
-                {
-                    return Err(bad());
-                }
+                // Every part of one key describes the same region
+                // (`decode_key` checked).
+                bounds = Some((decoded.base, decoded.len));
                 let rkey = engine.drivers[driver]
                     .unpack_rkey(driver_ep, decoded.driver_blob)
                     .map_err(|source| Error::Driver {

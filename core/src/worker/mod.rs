@@ -5,6 +5,7 @@ use crate::driver::{Driver, DriverEp, DriverMemKey, MAX_LANES, MemDesc, Quiesce}
 use crate::endpoint::{EndpointId, EndpointState, FenceState};
 use crate::engine::{Engine, EngineQueue};
 use crate::error::Error;
+use crate::limits;
 use crate::memory::{MAX_GROUPS, MemHandle, MemKind, Registration, Rkey, RkeyId, blob};
 use crate::request::MAX_QUEUES;
 use crate::stats::Stats;
@@ -28,7 +29,7 @@ mod memory;
 mod queue_pair;
 mod wait;
 
-use blobs::{decode_address, encode_address, encode_key_parts, key_parts};
+use blobs::{decode_address, decode_key, encode_address, encode_key};
 pub use buffer::RegisteredBuf;
 pub use builder::WorkerBuilder;
 use core_thread::CoreThread;
@@ -238,13 +239,14 @@ impl Worker {
     /// error. [`endpoint_state`](Worker::endpoint_state) tells where it is.
     ///
     /// # Errors
-    /// [`Status::InvalidArgument`] for a malformed address,
-    /// [`Status::PeerUnreachable`] if no driver is shared, or the driver's
-    /// error.
+    /// [`Error::Malformed`] ([`Status::InvalidArgument`]) for a malformed
+    /// address or one that fails its integrity check (damaged on its way),
+    /// before any driver sees it; [`Status::PeerUnreachable`] if no driver
+    /// is shared, or the driver's error.
     pub fn connect(&self, peer: &[u8]) -> Result<EndpointId, Error> {
-        let parts = decode_address(peer).ok_or(Error::Status {
+        let parts = decode_address(peer).map_err(|what| Error::Malformed {
             op: "connect",
-            status: Status::InvalidArgument,
+            what,
         })?;
         let (d, lanes) = {
             let engine = self.shared.engine();
@@ -281,7 +283,9 @@ impl Worker {
     /// each driver. One group is an ordinary endpoint over that driver.
     ///
     /// # Errors
-    /// [`Status::InvalidArgument`] for a malformed address, no group, more
+    /// [`Error::Malformed`] ([`Status::InvalidArgument`]) for a malformed
+    /// or damaged address (as for `connect`); [`Status::InvalidArgument`]
+    /// for no group, more
     /// than four, a driver named twice, zero lanes, more lanes than a
     /// driver supports or more than 64 in all; [`Status::PeerUnreachable`]
     /// if this worker or the peer lacks a named driver; or a driver's
@@ -291,7 +295,10 @@ impl Worker {
             op: "connect",
             status,
         };
-        let parts = decode_address(peer).ok_or(status(Status::InvalidArgument))?;
+        let parts = decode_address(peer).map_err(|what| Error::Malformed {
+            op: "connect",
+            what,
+        })?;
         if groups.is_empty()
             || groups.len() > MAX_GROUPS
             || groups.iter().map(|&(_, l)| u32::from(l)).sum::<u32>() > u32::from(MAX_LANES)
@@ -382,26 +389,59 @@ impl Worker {
             });
         }
         let (requests, buffers) = (engine.config.requests, engine.notify.count());
+        let failed = Arc::new(AtomicBool::new(false));
         let index = engine.add_queue(EngineQueue::new(
             engine_sq,
             engine_cq,
             requests,
             buffers,
             Some(cq_bell.clone()),
+            failed.clone(),
         ));
         Ok(QueuePair {
             sq,
             cq,
             index,
             cq_bell,
+            failed,
             shared: self.shared.clone(),
         })
     }
 
     /// One bounded round of progress on the caller's thread; returns how
     /// much work it did (0: nothing to do).
+    ///
+    /// A queue pair that failed (its ring memory was found corrupt, see
+    /// [`QueuePair`]) does not stop it: the round serves the others. Its
+    /// own calls report the failure; [`failed_queues`](Worker::failed_queues)
+    /// and [`progress_checked`](Worker::progress_checked) tell it at the
+    /// worker's level.
     pub fn progress(&self) -> usize {
         self.shared.engine().progress()
+    }
+
+    /// [`progress`](Worker::progress), then whether a queue pair of this
+    /// worker has failed: the round runs either way (the other queue pairs
+    /// keep working), and its work count is lost in the error.
+    ///
+    /// # Errors
+    /// [`Status::RingCorrupt`] while a queue pair whose ring memory the
+    /// engine found corrupt is still alive (not dropped); each failed
+    /// queue pair's own calls say which it is.
+    pub fn progress_checked(&self) -> Result<usize, Status> {
+        let mut engine = self.shared.engine();
+        let work = engine.progress();
+        if engine.failed_queues() > 0 {
+            return Err(Status::RingCorrupt);
+        }
+        Ok(work)
+    }
+
+    /// How many queue pairs of this worker failed (the engine found their
+    /// ring memory corrupt, see [`QueuePair`]) and are still alive:
+    /// dropping a failed queue pair takes it out of the count.
+    pub fn failed_queues(&self) -> usize {
+        self.shared.engine().failed_queues()
     }
 
     /// Counters of the whole worker.

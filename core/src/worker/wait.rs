@@ -13,7 +13,7 @@
 
 use super::Shared;
 use ringfence_ring::{Consumer, Cqe, Doorbell, Status};
-use std::sync::atomic::{Ordering, fence};
+use std::sync::atomic::{AtomicBool, Ordering, fence};
 use std::time::{Duration, Instant};
 
 /// Empty inline rounds between two yields of the CPU.
@@ -73,12 +73,17 @@ impl CqView for Consumer<Cqe> {
 /// Waits until `cq` holds at least `nr` CQEs, or `timeout` passes (`None`:
 /// no limit). Returns the count ready (at least `nr`).
 ///
+/// A queue pair that failed (`failed`, set by the engine before it rings
+/// `bell`) ends the wait as soon as fewer than `nr` CQEs are ready.
+///
 /// # Errors
 /// `Timeout` when the deadline passed first; `InvalidArgument` if `nr` is
-/// more than the CQ holds; `RingCorrupt`; `Io` if the doorbell fails.
+/// more than the CQ holds; `RingCorrupt` (corrupt indices, or the queue
+/// pair failed); `Io` if the doorbell fails.
 pub(crate) fn wait_cqes(
     shared: &Shared,
     bell: &Doorbell,
+    failed: &AtomicBool,
     cq: &mut impl CqView,
     nr: u32,
     timeout: Option<Duration>,
@@ -100,6 +105,11 @@ pub(crate) fn wait_cqes(
         let ready = cq.ready()?;
         if ready >= nr {
             return Ok(ready);
+        }
+        // Acquire: pairs with the Release store in `EngineQueue::fail`. The
+        // engine rings `bell` after it, so a sleep below cannot miss it.
+        if failed.load(Ordering::Acquire) {
+            return Err(Status::RingCorrupt);
         }
         let left = left()?;
         if !shared.core_running() {

@@ -1,8 +1,12 @@
 //! The shm driver's part of a remote key blob.
 //!
-//! `"RFSK"`, version, [`KeyPath`], the target driver's instance id, the
-//! export slot and generation, the secret, and the region's bounds. The
-//! blob is only a claim: `unpack_rkey` presents slot, generation and secret
+//! `"RFSK"`, version 2, [`KeyPath`], two reserved zero bytes, the target
+//! driver's instance id, the export slot and generation, the secret, and
+//! the region's bounds (little-endian). Decoding checks every field: the
+//! exact length, the magic, the version, a known path, the reserved bytes,
+//! a non-empty region that does not wrap. (The packed key around it
+//! carries an integrity check, so damage is refused before this part is
+//! even decoded.) The blob is only a claim: `unpack_rkey` presents slot, generation and secret
 //! to the target, which checks them against its export table and answers
 //! with the true bounds (and the memfd); the blob's own bounds are never
 //! used for an access.
@@ -16,7 +20,8 @@
 use crate::wire::KeyPath;
 
 const MAGIC: &[u8; 4] = b"RFSK";
-const VERSION: u8 = 1;
+/// Version 1 did not check its reserved bytes.
+const VERSION: u8 = 2;
 /// Encoded size.
 pub(crate) const KEY_LEN: usize = 48;
 
@@ -53,6 +58,9 @@ impl KeyBlob {
         let at4 = |i: usize| -> Option<[u8; 4]> { blob.get(i..i + 4)?.try_into().ok() };
         if blob.get(..4)? != MAGIC || blob.get(4) != Some(&VERSION) {
             return None;
+        }
+        if blob.get(6..8)? != [0, 0] {
+            return None; // reserved
         }
         let key = KeyBlob {
             path: KeyPath::from_raw(*blob.get(5)?)?,
@@ -96,11 +104,14 @@ mod tests {
         for cut in 0..blob.len() {
             assert_eq!(KeyBlob::decode(&blob[..cut]), None);
         }
-        for (at, value) in [(0, b'X'), (4, 9), (5, 0), (5, 3)] {
+        for (at, value) in [(0, b'X'), (4, 1), (4, 9), (5, 0), (5, 3), (6, 1), (7, 0x80)] {
             let mut bad = blob.clone();
             bad[at] = value;
             assert_eq!(KeyBlob::decode(&bad), None, "byte {at}");
         }
+        let mut long = blob.clone();
+        long.push(0);
+        assert_eq!(KeyBlob::decode(&long), None, "a trailing byte");
         let wrap = KeyBlob {
             base: u64::MAX,
             ..key

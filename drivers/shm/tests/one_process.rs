@@ -35,12 +35,21 @@ fn run(w: &Worker, other: &Worker, qp: &mut QueuePair, sqes: &[Sqe], expect: usi
     out
 }
 
+/// The packed key's framing: `"RFKY"`, format, part count (6 bytes), the
+/// part's `u32` length, then core's part header (26 bytes + name), the
+/// driver's part, and at the end the 4-byte integrity check.
+const KEY_HEADER: usize = 6 + 4;
+const CHECK: usize = 4;
+
+/// The shm driver's part of a packed key of one part.
+fn driver_part(blob: &mut [u8]) -> &mut [u8] {
+    let name_len = blob[KEY_HEADER + 5] as usize;
+    let end = blob.len() - CHECK;
+    &mut blob[KEY_HEADER + 26 + name_len..end]
+}
+
 fn key_path_of(blob: &[u8]) -> Option<KeyPath> {
-    // The worker's blob: u32 length, then core's header (26 bytes + name),
-    // then the driver's part.
-    let part = &blob[4..];
-    let name_len = part[5] as usize;
-    ringfence_shm::key_path(&part[26 + name_len..])
+    ringfence_shm::key_path(driver_part(&mut blob.to_vec()))
 }
 
 struct Pair {
@@ -119,18 +128,25 @@ fn put_get_atomic_notify() {
 fn forged_and_foreign_keys_are_refused() {
     let p = pair(4096);
     let blob = p.target.pack_rkey(p.window.handle()).unwrap();
-    // Flip one bit of the secret (driver part: 48 bytes at the end; the
-    // secret is at 24..32 of it).
+    // Flip one bit of the secret (driver part: the secret is at 24..32 of
+    // it): refused at unpack by the integrity check; forged with a correct
+    // check, by the target.
     let mut forged = blob.clone();
-    let at = forged.len() - 48 + 24;
-    forged[at] ^= 1;
+    driver_part(&mut forged)[24] ^= 1;
+    let e = p.initiator.unpack_rkey(p.ep, &forged).unwrap_err();
+    assert!(matches!(e, ringfence::Error::Malformed { .. }), "{e}");
+    ringfence::reseal(&mut forged);
     let e = p.initiator.unpack_rkey(p.ep, &forged).unwrap_err();
     assert!(e.to_string().contains("refused"), "{e}");
-    // Larger bounds in the driver part: refused at unpack.
+    // Larger bounds in the driver part (a correct check): refused at
+    // unpack, against the target's answer.
     let mut wider = blob.clone();
-    let at = wider.len() - 8;
-    wider[at] = 0xff;
-    assert!(p.initiator.unpack_rkey(p.ep, &wider).is_err());
+    driver_part(&mut wider)[47] = 0xff;
+    ringfence::reseal(&mut wider);
+    assert_eq!(
+        p.initiator.unpack_rkey(p.ep, &wider).unwrap_err().status(),
+        Status::InvalidRkey
+    );
     // Garbage never panics.
     for n in 0..blob.len() {
         let _ = p.initiator.unpack_rkey(p.ep, &blob[..n]);
@@ -157,6 +173,97 @@ fn forged_and_foreign_keys_are_refused() {
         1,
     );
     assert_eq!(cqes[0].res, Status::AccessDenied.as_raw());
+}
+
+/// A packed key or a worker address damaged on its way (any one bit
+/// flipped, cut short, a byte added) is refused as it is decoded, with
+/// `Error::Malformed` (`InvalidArgument`), before the shm driver sees it:
+/// nothing is sent to the target. The undamaged ones still work.
+#[test]
+fn every_damaged_key_and_address_is_refused_at_unpack_and_connect() {
+    let p = pair(4096);
+    let blob = p.target.pack_rkey(p.window.handle()).unwrap();
+    let refused = |what: &str, e: ringfence::Error| {
+        assert!(
+            matches!(e, ringfence::Error::Malformed { .. }),
+            "{what}: {e}"
+        );
+        assert_eq!(e.status(), Status::InvalidArgument, "{what}");
+    };
+    for bit in 0..blob.len() * 8 {
+        let mut bad = blob.clone();
+        bad[bit / 8] ^= 1 << (bit % 8);
+        refused(
+            &format!("key bit {bit}"),
+            p.initiator.unpack_rkey(p.ep, &bad).unwrap_err(),
+        );
+    }
+    for cut in 0..blob.len() {
+        refused(
+            &format!("key cut at {cut}"),
+            p.initiator.unpack_rkey(p.ep, &blob[..cut]).unwrap_err(),
+        );
+    }
+    let mut long = blob.clone();
+    long.push(0);
+    refused(
+        "key + 1 byte",
+        p.initiator.unpack_rkey(p.ep, &long).unwrap_err(),
+    );
+    // The shm part's reserved bytes, with a correct check: the driver
+    // refuses its part before it sends anything.
+    let mut reserved = blob.clone();
+    driver_part(&mut reserved)[6] = 1;
+    ringfence::reseal(&mut reserved);
+    let e = p.initiator.unpack_rkey(p.ep, &reserved).unwrap_err();
+    assert!(e.to_string().contains("malformed shm key"), "{e}");
+
+    let address = p.target.address().to_vec();
+    for bit in 0..address.len() * 8 {
+        let mut bad = address.clone();
+        bad[bit / 8] ^= 1 << (bit % 8);
+        refused(
+            &format!("address bit {bit}"),
+            p.initiator.connect(&bad).unwrap_err(),
+        );
+    }
+    for cut in 0..address.len() {
+        refused(
+            &format!("address cut at {cut}"),
+            p.initiator.connect(&address[..cut]).unwrap_err(),
+        );
+    }
+    let mut long = address.clone();
+    long.push(0);
+    let e = p.initiator.connect(&long).unwrap_err();
+    assert!(e.to_string().contains("integrity"), "{e}");
+    refused("address + 1 byte", e);
+
+    // The undamaged ones: a second key id and a second endpoint that work.
+    let rkey = p.initiator.unpack_rkey(p.ep, &blob).unwrap();
+    let ep = p.initiator.connect(&address).unwrap();
+    let rkey2 = p.initiator.unpack_rkey(ep, &blob).unwrap();
+    let src = p.initiator.alloc_registered(64).unwrap();
+    src.write(0, b"intact!!");
+    let mut qp = p.initiator.create_queue().unwrap();
+    let at = |rkey: RkeyId| RemoteBuf {
+        rkey: rkey.as_raw(),
+        addr: p.window.addr(),
+    };
+    let cqes = run(
+        &p.initiator,
+        &p.target,
+        &mut qp,
+        &[
+            Sqe::put(p.ep.as_raw(), src.local(0), at(rkey), 8).with_user_data(1),
+            Sqe::put(ep.as_raw(), src.local(0), at(rkey2), 8).with_user_data(2),
+        ],
+        2,
+    );
+    assert!(cqes.iter().all(|c| c.res == 8), "{cqes:?}");
+    let mut out = [0u8; 8];
+    p.window.read(0, &mut out);
+    assert_eq!(&out, b"intact!!");
 }
 
 #[test]
@@ -278,4 +385,31 @@ fn a_worker_can_connect_to_itself_and_peers_that_go_away_fail_endpoints() {
         assert!(Instant::now() < deadline, "the peer's death was never seen");
         std::thread::yield_now();
     }
+}
+
+/// Memory beyond the limit fails before any memfd is made, with the
+/// limit in the message; memory within it is there (allocated in full)
+/// and zeroed.
+#[test]
+fn allocations_beyond_the_memory_limit_fail_with_no_memory() {
+    let w = worker();
+    let limit = ringfence::limits::memory_limit().bytes();
+    let over = usize::try_from(limit)
+        .unwrap_or(usize::MAX)
+        .saturating_add(1);
+    for len in [over, 1 << 40] {
+        if len as u64 <= limit {
+            continue; // a machine that backs a TiB
+        }
+        let e = w.alloc_registered(len).unwrap_err();
+        assert_eq!(e.status(), Status::NoMemory, "{e}");
+        assert!(e.to_string().contains("memory limit"), "{e}");
+    }
+    assert_eq!(
+        w.alloc_registered(usize::MAX).unwrap_err().status(),
+        Status::InvalidLength
+    );
+    let buf = w.alloc_registered(4 << 20).unwrap();
+    assert_eq!(buf.load_u64((4 << 20) - 8), 0);
+    w.deregister(buf.handle()).unwrap();
 }

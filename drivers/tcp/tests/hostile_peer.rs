@@ -40,7 +40,7 @@ fn tcp_address(worker: &Worker) -> Address {
     Address::decode(&a[at + 6..at + 6 + len]).expect("the tcp part decodes")
 }
 
-/// The tcp driver's key inside a packed key: the 40 bytes that decode to
+/// The tcp driver's key inside a packed key: the `KEY_LEN` bytes that decode to
 /// a key over exactly `base..base + len`.
 fn tcp_key(blob: &[u8], base: u64, len: u64) -> KeyBlob {
     blob.windows(KEY_LEN)

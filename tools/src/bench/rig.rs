@@ -141,7 +141,9 @@ impl Initiator {
         let t1 = Instant::now();
         self.qp.submit();
         if self.inline {
-            self.qp.progress();
+            self.qp
+                .progress()
+                .map_err(|e| BenchError::Target(format!("queue pair: {e}")))?;
         }
         let t2 = Instant::now();
         let expected = self.sqes.len();
@@ -168,7 +170,9 @@ impl Initiator {
             got += n;
             if got < expected {
                 if self.inline {
-                    self.qp.progress();
+                    self.qp
+                        .progress()
+                        .map_err(|e| BenchError::Target(format!("queue pair: {e}")))?;
                 }
                 if n == 0 {
                     idle = idle.wrapping_add(1);

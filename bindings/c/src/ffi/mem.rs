@@ -67,9 +67,21 @@ pub unsafe extern "C" fn rf_mem_register(
 /// `*mem`. Free it with `rf_mem_free` (or `rf_mem_deregister`); it is also
 /// freed by `rf_worker_destroy`.
 ///
+/// The memory limit: `len` rounded up to whole pages, plus the
+/// process's live ringfence allocations (memory from `rf_mem_alloc`,
+/// workers' notification buffers), must fit in the smallest of physical
+/// memory plus swap, the cgroup's memory limit (v2 `memory.max` plus
+/// `memory.swap.max`, v1 `memory.limit_in_bytes`, of the process's cgroup
+/// and its ancestors) and a finite `RLIMIT_AS` or `RLIMIT_DATA`, as read
+/// when the worker was created; beyond it the call fails at once. Memory
+/// from the shm driver is allocated in full here (it is there, or the call
+/// fails); heap memory is zeroed by the kernel page by page as first
+/// touched.
+///
 /// Returns 0; `RF_EINVALID_ARGUMENT` for NULL `addr` or `mem`;
 /// `RF_EINVALID_LENGTH` for a zero `len` or one above `PTRDIFF_MAX`;
-/// `RF_ENO_MEMORY` if it cannot be had; `RF_ESTALE_HANDLE`.
+/// `RF_ENO_MEMORY` beyond the memory limit or if it cannot be had;
+/// `RF_ESTALE_HANDLE`.
 ///
 /// # Safety
 /// - `addr` is NULL or points to a writable `void *`; `mem` is NULL or
@@ -211,11 +223,17 @@ pub unsafe extern "C" fn rf_rkey_bounds(
 /// `rf_rkey_pack`) into a remote key id for SQEs on endpoint `ep`
 /// (`rkey`); stores it in `*rkey`.
 ///
-/// Returns 0; `RF_EINVALID_ARGUMENT` for NULL pointers or a malformed blob;
-/// `RF_EINVALID_RKEY` if the endpoint's driver refuses the key (its part
-/// is malformed or names no region it can reach); `RF_EINVALID_LENGTH` for a zero `len` or one over `RF_MAX_BLOB`;
-/// `RF_EINVALID_ENDPOINT`; the target's refusal (`RF_EACCESS_DENIED` for a
-/// wrong secret); `RF_ESTALE_HANDLE`.
+/// The whole blob is checked first, field by field and against its
+/// integrity check (a CRC-32C), so that a damaged one is refused before
+/// anything is sent to the target.
+///
+/// Returns 0; `RF_EINVALID_ARGUMENT` for NULL pointers, or a blob that is
+/// malformed or damaged (a flipped bit, cut short, bytes after its end),
+/// its driver's part included; `RF_EINVALID_RKEY` if the endpoint's
+/// driver refuses the key (it belongs to another peer, or names no region
+/// the target exports with those bounds); `RF_EINVALID_LENGTH` for a zero
+/// `len` or one over `RF_MAX_BLOB`; `RF_EINVALID_ENDPOINT`; the target's
+/// refusal (`RF_EACCESS_DENIED` for a wrong secret); `RF_ESTALE_HANDLE`.
 ///
 /// # Safety
 /// - `blob` is NULL or points to `len` readable bytes.

@@ -167,7 +167,12 @@ fn valid_entries(n: u32) -> bool {
 /// Destroys a ring; its pointers in `*ring` become NULL (the handle stays,
 /// so a second destroy is `RF_ESTALE_HANDLE`). The engine keeps the ring's
 /// memory until the worker is destroyed: SQEs submitted before still run,
-/// and their completions land in a CQ that nobody reads.
+/// and their completions land in a CQ that nobody reads. This is also how a
+/// failed ring (`RF_ERING_CORRUPT`, see the inline helpers' "A failed
+/// ring") is torn down: it always works, the engine reads nothing more from
+/// that memory, and it finishes what it had taken from the ring (freeing
+/// its request slots) without posting CQEs; `rf_progress` stops reporting
+/// the ring.
 ///
 /// Returns 0; `RF_ESTALE_HANDLE` for a destroyed ring;
 /// `RF_EINVALID_ARGUMENT` for NULL or a handle that is not a ring's.
@@ -219,8 +224,10 @@ pub unsafe extern "C" fn rf_ring_wake(ring: *const rf_ring) -> c_int {
 ///
 /// Returns 1 when it ran: `*res` is its one completion (bytes, or the
 /// negative status its CQE would carry) and no CQE follows; 0 when it
-/// declined (nothing done, `*res` untouched); `RF_ESTALE_HANDLE`;
-/// `RF_EINVALID_ARGUMENT` for NULL or misaligned pointers.
+/// declined (nothing done, `*res` untouched); `RF_ERING_CORRUPT` if the
+/// engine failed the ring (nothing done, `*res` untouched);
+/// `RF_ESTALE_HANDLE`; `RF_EINVALID_ARGUMENT` for NULL or misaligned
+/// pointers.
 ///
 /// # Safety
 /// - `ring` is NULL or points to a readable `struct rf_ring`;
@@ -254,6 +261,7 @@ pub unsafe extern "C" fn rf_ring_try_now(
             })?
         };
         Ok(match ran {
+            Some(Err(Status::RingCorrupt)) => return Err(Status::RingCorrupt),
             Some(result) => {
                 let value = match result {
                     Ok(n) => i32::try_from(n).unwrap_or(i32::MAX),
@@ -294,8 +302,10 @@ pub unsafe extern "C" fn rf_ring_cq_fd(ring: *const rf_ring) -> c_int {
 ///
 /// Returns the count ready (at least `nr`); `RF_ETIMEOUT` if the deadline
 /// passed first (what arrived stays to be reaped); `RF_EINVALID_ARGUMENT`
-/// if `nr` is more than the CQ holds; `RF_ERING_CORRUPT`; `RF_EIO` if the
-/// eventfd fails; `RF_ESTALE_HANDLE`.
+/// if `nr` is more than the CQ holds; `RF_ERING_CORRUPT` if the CQ's
+/// indices are corrupt, or fewer than `nr` CQEs are ready and the engine
+/// failed the ring (at once, not at the deadline); `RF_EIO` if the eventfd
+/// fails; `RF_ESTALE_HANDLE`.
 ///
 /// # Safety
 /// - `ring` is NULL or points to a readable `struct rf_ring`.
@@ -310,6 +320,28 @@ pub unsafe extern "C" fn rf_wait_cqes(ring: *const rf_ring, nr: u32, timeout_ns:
             with_ring(ring, |r| {
                 let ready = r.qp().wait_cqes_published(nr, timeout)?;
                 Ok(c_int::try_from(ready).unwrap_or(c_int::MAX))
+            })
+        }
+    })
+}
+
+/// Whether the engine failed the ring: it found the ring memory corrupt
+/// (see the inline helpers' "A failed ring"). The engine's own record, in
+/// process memory: scribbles over the ring's flags do not hide it.
+///
+/// Returns 0 while the ring works; `RF_ERING_CORRUPT` once it failed
+/// (destroy it); `RF_ESTALE_HANDLE`; `RF_EINVALID_ARGUMENT`.
+///
+/// # Safety
+/// - `ring` is NULL or points to a readable `struct rf_ring`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rf_ring_check(ring: *const rf_ring) -> c_int {
+    guard(|| {
+        // SAFETY: NULL or readable (contract).
+        unsafe {
+            with_ring(ring, |r| {
+                r.qp().check()?;
+                Ok(0)
             })
         }
     })
@@ -348,8 +380,9 @@ fn with_cq_words<R>(qp: &QueuePair, f: impl FnOnce(CqWords<'_>) -> R) -> R {
 ///
 /// Returns 1: armed, the CQ is empty, sleep (the core thread must run);
 /// 0: CQEs are ready, do not sleep (the ring is left unarmed);
-/// `RF_ERING_CORRUPT` if the CQ's indices are inconsistent;
-/// `RF_ESTALE_HANDLE`; `RF_EINVALID_ARGUMENT`.
+/// `RF_ERING_CORRUPT` if the CQ's indices are inconsistent, or the CQ is
+/// empty and the engine failed the ring (nothing will come; the ring is
+/// left unarmed); `RF_ESTALE_HANDLE`; `RF_EINVALID_ARGUMENT`.
 ///
 /// # Safety
 /// - `ring` is NULL or points to a readable `struct rf_ring`.
@@ -359,7 +392,9 @@ pub unsafe extern "C" fn rf_ring_cq_arm(ring: *const rf_ring) -> c_int {
         // SAFETY: NULL or readable (contract).
         unsafe {
             with_ring(ring, |r| {
-                with_cq_words(&r.qp(), |cq| {
+                let qp = r.qp();
+                let failed = qp.is_failed();
+                with_cq_words(&qp, |cq| {
                     // Relaxed: ordered by the fence below. This thread is
                     // the CQ's only consumer, the flag's only writer.
                     cq.wait_flags
@@ -375,10 +410,13 @@ pub unsafe extern "C" fn rf_ring_cq_arm(ring: *const rf_ring) -> c_int {
                     // Relaxed: this thread wrote the head (`rf_cq_advance`).
                     let head = cq.head.load(Ordering::Relaxed);
                     let ready = tail.wrapping_sub(head);
-                    if ready == 0 {
+                    if ready == 0 && !failed {
                         return Ok(1);
                     }
                     cq.wait_flags.store(0, Ordering::Relaxed);
+                    if ready == 0 {
+                        return Err(Status::RingCorrupt);
+                    }
                     if ready > cq.capacity {
                         Err(Status::RingCorrupt)
                     } else {

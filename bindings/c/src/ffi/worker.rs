@@ -212,6 +212,10 @@ pub unsafe extern "C" fn rf_worker_config_init(config: *mut rf_worker_config) ->
 /// name, a non-zero reserved field or a bad value (entries not a power of
 /// two, lanes outside 1 to `RF_MAX_LANES`, a malformed `RINGFENCE_*`
 /// variable);
+/// `RF_ENO_MEMORY` if the notification buffers (`notify_buffers` times
+/// `notify_size` bytes) exceed the memory limit (see `rf_mem_alloc`) or
+/// cannot be allocated; a large pool is not touched here: the kernel
+/// zeroes its pages as buffers are first used;
 /// `RF_EIO` if a driver or the core thread cannot start. `*worker` is
 /// written only on success.
 ///
@@ -316,8 +320,10 @@ pub unsafe extern "C" fn rf_worker_address(
 /// submitted meanwhile queue in order and start once it is up, or each
 /// completes with the handshake's error. `rf_ep_state` tells where it is.
 ///
-/// Returns 0; `RF_EINVALID_ARGUMENT` for NULL pointers or a malformed
-/// address; `RF_EINVALID_LENGTH` for a zero `len` or one over
+/// Returns 0; `RF_EINVALID_ARGUMENT` for NULL pointers, or an address
+/// that is malformed or damaged (it fails its integrity check: a flipped
+/// bit, cut short, bytes after its end); `RF_EINVALID_LENGTH` for a zero
+/// `len` or one over
 /// `RF_MAX_BLOB`; `RF_EPEER_UNREACHABLE` if no driver is shared or the peer
 /// is known unreachable at once; `RF_ESTALE_HANDLE`.
 ///
@@ -437,12 +443,17 @@ pub unsafe extern "C" fn rf_ep_fence_state(
 /// One bounded round of progress on the caller's thread: drains the rings'
 /// SQs, advances fences, polls the drivers, posts CQEs.
 ///
-/// Returns how much work it did (0: nothing to do), or
-/// `RF_ESTALE_HANDLE`/`RF_EINVALID_ARGUMENT`. Takes no global lock other
+/// Returns how much work it did (0: nothing to do);
+/// `RF_ERING_CORRUPT` while a ring of this worker that the engine failed
+/// (it found the ring memory corrupt; see the inline helpers' "A failed
+/// ring") is not destroyed yet: the round ran all the same, and the other
+/// rings keep working; that ring's own calls (`rf_ring_check`,
+/// `rf_wait_cqes`, `rf_peek_cqe`) say which it is; `rf_ring_destroy` it.
+/// Or `RF_ESTALE_HANDLE`/`RF_EINVALID_ARGUMENT`. Takes no global lock other
 /// than the handle table's read lock.
 #[unsafe(no_mangle)]
 pub extern "C" fn rf_progress(worker: rf_worker_t) -> c_int {
-    guard(|| with_worker(worker, |w| Ok(count(w.worker.progress()))))
+    guard(|| with_worker(worker, |w| Ok(count(w.worker.progress_checked()?))))
 }
 
 /// Starts the worker's core thread, which runs progress and busy-polls,

@@ -21,12 +21,23 @@ pub(crate) struct ShmAlloc {
 impl ShmAlloc {
     /// Allocates `len` bytes (at least one), zero-filled and page-aligned.
     ///
+    /// The memfd is allocated in full at once (`fallocate`): peers write it
+    /// one-sidedly, and a page the kernel could not supply at that moment
+    /// would fault in whichever process touched it. So the memory is really
+    /// there when this returns, or this fails (`ENOMEM`/`ENOSPC`) cleanly;
+    /// the kernel hands the pages out zeroed (nothing is filled here).
+    ///
     /// # Errors
-    /// A system call failed or `len` is too large.
+    /// `len` exceeds the memory limit ([`ringfence::limits::check`]) or is
+    /// too large, or a system call failed.
     pub(crate) fn new(len: usize) -> io::Result<ShmAlloc> {
+        ringfence::limits::check(len).map_err(io::Error::other)?;
         let size = memfd::round_to_pages(len as u64)
             .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
         let fd = memfd::create("ringfence-shm", size)?;
+        let whole =
+            i64::try_from(size).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        nix::fcntl::fallocate(&fd, nix::fcntl::FallocateFlags::empty(), 0, whole)?;
         memfd::seal(fd.as_fd(), memfd::RESIZE_SEALS)?;
         let map = MmapOptions::new().len(size as usize).map_raw(&fd)?;
         Ok(ShmAlloc { map, fd, len })
@@ -81,5 +92,28 @@ mod tests {
         assert_eq!(DriverMemory::len(&a), 10);
         assert_eq!(memfd::check(&a.fd(), a.size()), Ok(a.size()));
         assert!(nix::unistd::ftruncate(a.fd(), 1).is_err());
+    }
+
+    #[test]
+    fn allocations_beyond_the_limit_fail_before_any_memfd() {
+        let limit = ringfence::limits::memory_limit().bytes();
+        let over = usize::try_from(limit)
+            .unwrap_or(usize::MAX)
+            .saturating_add(1);
+        let e = ShmAlloc::new(over).unwrap_err();
+        assert!(e.to_string().contains("memory limit"), "{e}");
+        assert!(ShmAlloc::new(usize::MAX).is_err());
+    }
+
+    #[test]
+    fn the_memfd_is_allocated_in_full() {
+        let a = ShmAlloc::new(1 << 20).unwrap();
+        let st = nix::sys::stat::fstat(a.fd()).unwrap();
+        // st_blocks counts 512-byte units actually allocated.
+        assert!(
+            st.st_blocks as u64 * 512 >= a.size(),
+            "{} blocks",
+            st.st_blocks
+        );
     }
 }
