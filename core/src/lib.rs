@@ -42,6 +42,42 @@
 //! [`Worker::alloc_registered`] is freed when its last handle and its
 //! registration are gone.
 //!
+//! # Memory shared with a peer
+//! Registered windows (a peer PUTs into them, the engine stores results
+//! and notification payloads), a peer's windows mapped by a driver,
+//! notification channels and ring regions are memory that another process
+//! (or C code, or a device) may write at any moment. The rules for every
+//! crate of the workspace, and for the C inline helpers:
+//!
+//! 1. No Rust reference, slice or `&mut` ever spans such memory. It is
+//!    reached through raw pointers only. The one exception is an atomic
+//!    (`&AtomicU32`, `&AtomicU64`, or a struct made only of atomics, such
+//!    as the rings' index lines) over a word every party accesses
+//!    atomically.
+//! 2. Bytes move through one primitive, [`peer_mem`]
+//!    ([`copy_to_peer`](peer_mem::copy_to_peer),
+//!    [`copy_from_peer`](peer_mem::copy_from_peer)): a copy of exactly 1,
+//!    2, 4 or 8 bytes to an address aligned to its size is one atomic
+//!    store (Release), and from such an address one atomic load, so a peer
+//!    polling that word sees the old or the new value, never a mix. Larger
+//!    or unaligned copies are plain copies; racing with a peer they yield
+//!    some mix of bytes, never undefined behaviour in this process (the
+//!    primitive's docs say why, and why not volatile or per-byte atomic
+//!    copies). Words that peers update with atomics are read and written
+//!    only atomically ([`RegisteredBuf::load_u64`] and
+//!    [`store_u64`](RegisteredBuf::store_u64), [`peer_mem::store_u64`];
+//!    `rf_load_u64` and `rf_store_u64` in C).
+//! 3. What comes out of such memory is copied once into local memory and
+//!    only the copy is looked at and validated (ring entries, channel
+//!    records, region headers): no field is read twice and trusted.
+//! 4. Kernel copies (cross memory attach) get raw `iovec`s, never a slice.
+//! 5. Memory that only this process writes, under a protocol, may be
+//!    borrowed: the SQ slot [`QueuePair::next_sqe`] hands out (a slot of
+//!    the application's own ring that the engine reads only once it is
+//!    submitted; its only other writer would be a corrupt peer, see
+//!    `Producer::next_entry`), and the private notification buffers a
+//!    [`Notification`] reads (never registered, never mapped by a peer).
+//!
 //! # Unsafe code
 //! Confined to `sys` (raw memory copies and atomics on registered memory,
 //! the notification buffers), the loopback driver (which executes RMA on
@@ -98,11 +134,12 @@ pub use stats::Stats;
 pub use sys::notify::{Delivery, MAX_NOTIFY_BUFFERS, NotifyPool};
 pub use worker::{Notification, QueuePair, RegisteredBuf, Worker, WorkerBuilder};
 
-/// Copies and atomics on registered memory, for drivers that execute a
-/// peer's operations on their own side (the target of a network driver).
-/// Registered memory is shared with peers and the application at once, so
-/// these never form a Rust reference into it: raw copies, and atomics
-/// through `AtomicU64::from_ptr`.
+/// Copies and atomics on memory a peer may write concurrently: registered
+/// memory (shared with peers and the application at once) and a peer's
+/// memory mapped by a driver, for drivers that move bytes into or out of
+/// it. These never form a Rust reference into it: raw copies, atomic words
+/// (see the crate docs, "Memory shared with a peer").
 pub mod peer_mem {
     pub use crate::sys::mem::{atomic, copy, store_u64};
+    pub use crate::sys::peer::{copy_from_peer, copy_to_peer};
 }

@@ -23,7 +23,7 @@ use crate::driver::{
     DriverMemKey, DriverRkey, LaneMask, MemDesc, Op, OpKind, Posted, Token, execute_by_post,
 };
 use crate::memory::{MemKind, within};
-use crate::sys::mem;
+use crate::sys::{mem, peer};
 use ringfence_ring::{AtomicOp, Status};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -226,10 +226,25 @@ impl Loopback {
         // the target region cannot be deregistered meanwhile.
         match op.kind {
             // SAFETY: local range validated by the engine; remote range
-            // checked just above against a live export.
-            OpKind::Put => unsafe { mem::copy(op.local_addr, remote_addr, op.len as usize) },
-            // SAFETY: as for PUT, in the other direction.
-            OpKind::Get => unsafe { mem::copy(remote_addr, op.local_addr, op.len as usize) },
+            // checked just above against a live export. Both are
+            // registered memory, reached through raw pointers only (the
+            // peer copy primitive: an aligned word lands as one store).
+            OpKind::Put => unsafe {
+                peer::copy_to_peer(
+                    remote_addr as usize as *mut u8,
+                    op.local_addr as usize as *const u8,
+                    op.len as usize,
+                )
+            },
+            // SAFETY: as for PUT, in the other direction (the target's
+            // aligned word is read with one atomic load).
+            OpKind::Get => unsafe {
+                peer::copy_from_peer(
+                    op.local_addr as usize as *mut u8,
+                    remote_addr as usize as *const u8,
+                    op.len as usize,
+                )
+            },
             OpKind::Atomic(aop) => {
                 if remote_addr % 8 != 0 || op.len != 8 {
                     return Err(Status::Misaligned);

@@ -42,6 +42,8 @@ pub struct ProducerLine {
     /// Producer-owned flags ([`ProducerLine::OVERFLOW`],
     /// [`ProducerLine::FAILED`]). Written only by the producer.
     pub(crate) flags: AtomicU32,
+    /// The rest of the line: see [`Reserved`].
+    reserved: Reserved,
 }
 
 /// The cache line(s) written by a ring's consumer.
@@ -54,6 +56,36 @@ pub struct ConsumerLine {
     /// Consumer-owned flags ([`ConsumerLine::NEED_WAKEUP`],
     /// [`ConsumerLine::FAILED`]). Written only by the consumer.
     pub(crate) flags: AtomicU32,
+    /// The rest of the line: see [`Reserved`].
+    reserved: Reserved,
+}
+
+/// The 120 bytes of an index line after its two words: reserved (zero in a
+/// new region, never read or written by this crate). Atomics rather than
+/// padding, so that every byte a `&ProducerLine` or `&ConsumerLine` spans
+/// is interior-mutable: the lines are memory that the other side (another
+/// process, C code) may write at any time, and a shared reference must not
+/// promise that any byte it spans stays unchanged (padding would be such a
+/// byte). Left out under loom, which models no layout.
+#[repr(C)]
+pub(crate) struct Reserved(#[cfg(not(loom))] [AtomicU32; 30]);
+
+impl Reserved {
+    #[cfg(not(loom))]
+    const fn new() -> Self {
+        Reserved([const { AtomicU32::new(0) }; 30])
+    }
+
+    #[cfg(loom)]
+    fn new() -> Self {
+        Reserved()
+    }
+}
+
+impl core::fmt::Debug for Reserved {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str("Reserved")
+    }
 }
 
 impl ProducerLine {
@@ -71,6 +103,7 @@ impl ProducerLine {
         Self {
             tail: AtomicU32::new(0),
             flags: AtomicU32::new(0),
+            reserved: Reserved::new(),
         }
     }
 }
@@ -90,6 +123,7 @@ impl ConsumerLine {
         Self {
             head: AtomicU32::new(0),
             flags: AtomicU32::new(0),
+            reserved: Reserved::new(),
         }
     }
 }
@@ -103,6 +137,8 @@ const _: () = {
     const_assert_eq!(core::mem::offset_of!(ProducerLine, flags), 4);
     const_assert_eq!(core::mem::offset_of!(ConsumerLine, head), 0);
     const_assert_eq!(core::mem::offset_of!(ConsumerLine, flags), 4);
+    const_assert_eq!(core::mem::offset_of!(ProducerLine, reserved), 8);
+    const_assert_eq!(core::mem::offset_of!(ConsumerLine, reserved), 8);
 };
 
 /// Where one ring lives inside a region.

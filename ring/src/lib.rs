@@ -42,8 +42,10 @@
 //! A region may be shared with a process that misbehaves. Indices are
 //! checked on every refresh (`tail - head` above the capacity is
 //! [`Corrupt`]); slot indices are always masked, so no index leads outside
-//! the ring; entries are copied out (volatile) before anyone looks at them,
-//! and every field of an entry is decoded with `TryFrom`. The header is copied
+//! the ring; entries are copied out (atomic loads, word by word) before
+//! anyone looks at them, and every field of an entry is decoded with
+//! `TryFrom`; no reference ever spans bytes the other side may write
+//! (but the atomics, and the SQ slot `next_entry` lends). The header is copied
 //! and checked once at [`Region::attach`], which also requires the memfd to
 //! be sealed against shrinking. Garbage in shared memory yields errors,
 //! never undefined behaviour in this process.

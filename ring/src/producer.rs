@@ -187,6 +187,15 @@ impl<T: Entry> Producer<T> {
         // SAFETY: the slot is in bounds and free (as in `push`); the
         // consumer cannot read it before the next `submit`, which needs
         // `&mut self`, so the returned borrow is the only access meanwhile.
+        // A `&mut` into shared ring memory is sound here where it would not
+        // be for a peer's memory: the slot belongs to this producer until
+        // it publishes it, and the protocol gives no one else a reason to
+        // write it (a consumer only reads published slots, before it
+        // releases them). Only a corrupt consumer process could write it
+        // meanwhile; what that could change is this entry's bytes, which
+        // that consumer controls anyway once the entry is published, and
+        // `T` is an `Entry` (plain integers, valid for every bit pattern),
+        // so nothing in this process depends on them but the consumer.
         let slot = unsafe {
             let slot = self.ring.cells.slot_ptr(index);
             slot.write(T::ZERO);

@@ -51,8 +51,10 @@ impl<T> RawRing<T> {
     /// The producer's index line.
     #[inline]
     pub(crate) fn producer_line(&self) -> &ProducerLine {
-        // SAFETY: `owner` keeps the line mapped and valid (`new`), and it is
-        // only ever accessed through atomics.
+        // SAFETY: `owner` keeps the line mapped and valid (`new`). Every
+        // byte of it is an atomic (the index words and `Reserved`), so the
+        // reference promises nothing about memory the other side writes
+        // except what atomics allow; it is only ever accessed atomically.
         unsafe { self.producer.as_ref() }
     }
 

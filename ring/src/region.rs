@@ -11,7 +11,7 @@ use crate::layout::{
 use crate::producer::Producer;
 use crate::raw::RawRing;
 use crate::sqe::Sqe;
-use crate::sync::{Cells, Ordering};
+use crate::sync::{AtomicU32, AtomicU64, Cells, Ordering};
 use core::ptr::{NonNull, addr_of, addr_of_mut};
 use memmap2::{MmapOptions, MmapRaw};
 use nix::fcntl::{FcntlArg, SealFlag, fcntl};
@@ -228,12 +228,17 @@ impl Region {
         NonNull::new(self.mapping.map.as_mut_ptr()).expect("mappings are never at address 0")
     }
 
-    fn header(&self) -> &RegionHeader {
+    /// The header's one shared word. No reference to the whole header is
+    /// ever made: its plain fields are in memory another process may
+    /// write, so they are only written before sharing (`init`) and read as
+    /// one volatile copy (`attach`).
+    fn claims(&self) -> &AtomicU32 {
+        let h = self.base().cast::<RegionHeader>().as_ptr();
         // SAFETY: the mapping is at least one page, page-aligned, and lives
-        // as long as `self`; the header's plain fields are only read
-        // volatile-copied (`attach`) or written before sharing (`init`), and
-        // `claims` is an atomic.
-        unsafe { self.base().cast::<RegionHeader>().as_ref() }
+        // as long as `self` (which bounds the borrow), so `claims` is in
+        // bounds and 4-aligned; it is an atomic, accessed atomically by
+        // every process.
+        unsafe { &*addr_of!((*h).claims) }
     }
 
     /// Writes the header of a new, zero-filled region.
@@ -327,7 +332,7 @@ impl Region {
     fn claim(&mut self, bit: u32, side: &'static str) -> Result<(), RegionError> {
         // AcqRel: the claim is a one-shot lock on the side; the only shared
         // word in the header that is not written once before sharing.
-        let before = self.header().claims.fetch_or(bit, Ordering::AcqRel);
+        let before = self.claims().fetch_or(bit, Ordering::AcqRel);
         if before & bit != 0 {
             Err(RegionError::SideTaken(side))
         } else {
@@ -420,21 +425,40 @@ struct HeaderSnapshot {
 }
 
 impl HeaderSnapshot {
+    /// Copies the header out, each field with one Relaxed atomic load:
+    /// another process may write the header meanwhile (a racing write is
+    /// then no data race here, and no field can tear), and only the copy is
+    /// looked at. Every field is an integer, valid for any bit pattern.
     fn read(mapping: &Mapping) -> HeaderSnapshot {
-        let h = mapping.map.as_ptr().cast::<RegionHeader>();
-        // SAFETY: the mapping is at least 4096 bytes (checked by `attach`),
-        // page-aligned, so every header field is in bounds and aligned. The
-        // reads are volatile because another process may write the header;
-        // every field is an integer, valid for any bit pattern.
-        unsafe {
-            HeaderSnapshot {
-                magic: addr_of!((*h).magic).read_volatile(),
-                abi_version: addr_of!((*h).abi_version).read_volatile(),
-                header_size: addr_of!((*h).header_size).read_volatile(),
-                region_size: addr_of!((*h).region_size).read_volatile(),
-                sq: addr_of!((*h).sq).read_volatile(),
-                cq: addr_of!((*h).cq).read_volatile(),
-            }
+        use core::mem::offset_of;
+        let base = mapping.map.as_ptr();
+        let u32_at = |offset: usize| {
+            // SAFETY: the mapping is at least 4096 bytes (checked by
+            // `attach`), page-aligned and writable, so every header field is
+            // in bounds and aligned; the `&AtomicU32` lives for one load.
+            unsafe { AtomicU32::from_ptr(base.wrapping_add(offset).cast::<u32>().cast_mut()) }
+                .load(Ordering::Relaxed)
+        };
+        let u64_at = |offset: usize| {
+            // SAFETY: as for `u32_at`, for an 8-aligned 8-byte field.
+            unsafe { AtomicU64::from_ptr(base.wrapping_add(offset).cast::<u64>().cast_mut()) }
+                .load(Ordering::Relaxed)
+        };
+        let ring = |at: usize| RingOffsets {
+            entries: u32_at(at + offset_of!(RingOffsets, entries)),
+            entry_size: u32_at(at + offset_of!(RingOffsets, entry_size)),
+            producer: u32_at(at + offset_of!(RingOffsets, producer)),
+            consumer: u32_at(at + offset_of!(RingOffsets, consumer)),
+            array: u32_at(at + offset_of!(RingOffsets, array)),
+            reserved: u32_at(at + offset_of!(RingOffsets, reserved)),
+        };
+        HeaderSnapshot {
+            magic: u64_at(offset_of!(RegionHeader, magic)),
+            abi_version: u32_at(offset_of!(RegionHeader, abi_version)),
+            header_size: u32_at(offset_of!(RegionHeader, header_size)),
+            region_size: u64_at(offset_of!(RegionHeader, region_size)),
+            sq: ring(offset_of!(RegionHeader, sq)),
+            cq: ring(offset_of!(RegionHeader, cq)),
         }
     }
 

@@ -9,7 +9,7 @@
 pub(crate) use loom::sync::atomic::{AtomicU32, Ordering, fence};
 
 #[cfg(not(loom))]
-pub(crate) use core::sync::atomic::{AtomicU32, Ordering, fence};
+pub(crate) use core::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
 
 pub(crate) use cells::Cells;
 
@@ -80,10 +80,16 @@ mod cells {
 
         /// Copies slot `index` out.
         ///
-        /// The read is volatile: the slot may live in memory that another
-        /// process maps, and the copy is what the caller validates, so the
-        /// compiler must neither re-read the slot later nor merge the loads
-        /// (no time-of-check to time-of-use gap).
+        /// The read is one Relaxed atomic load per 8-byte word: the slot
+        /// may live in memory that another process maps (and a corrupt
+        /// producer may rewrite it after publishing), and the copy is what
+        /// the caller validates, so the compiler must neither re-read the
+        /// slot later nor tear or merge the loads (no time-of-check to
+        /// time-of-use gap), and a racing write must not be undefined
+        /// behaviour here. Atomics give all of that (a volatile read would
+        /// not make a race defined); a Relaxed load is a plain `MOV`/`LDR`,
+        /// as the volatile load it replaces. The ordering comes from the
+        /// Acquire load of `tail` that published the slot.
         ///
         /// # Safety
         /// - `index < len`, and the caller is the consumer and the producer
@@ -91,8 +97,7 @@ mod cells {
         #[inline]
         pub(crate) unsafe fn read(&self, index: u32) -> T {
             // Entries are whole 8-byte words (Sqe: 8, Cqe: 2): copying them a
-            // word at a time is one volatile load per word instead of one
-            // per field.
+            // word at a time is one load per word instead of one per field.
             const { assert!(size_of::<T>() % 8 == 0 && align_of::<T>() >= 8) };
             // SAFETY: `index < len` (contract).
             let src = unsafe { self.slot_ptr(index) }.cast::<u64>();
@@ -100,9 +105,14 @@ mod cells {
             let dst = out.as_mut_ptr().cast::<u64>();
             for word in 0..size_of::<T>() / 8 {
                 // SAFETY: the slot is in bounds and published (contract) and
-                // 8-aligned (asserted), so every word read is too; `out` has
-                // room for the same words.
-                unsafe { dst.add(word).write(src.add(word).read_volatile()) };
+                // 8-aligned (asserted), so every word read is too; slots are
+                // writable memory (the `&AtomicU64` lives for one load);
+                // `out` has room for the same words.
+                unsafe {
+                    let value =
+                        super::AtomicU64::from_ptr(src.add(word)).load(super::Ordering::Relaxed);
+                    dst.add(word).write(value);
+                }
             }
             // SAFETY: every byte of `out` was written above, and `T` is an
             // `Entry`, valid for every bit pattern.

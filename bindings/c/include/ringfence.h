@@ -1267,6 +1267,23 @@ uint32_t rf_version(void);
  * (__ATOMIC_ACQUIRE = memory_order_acquire, and so on), on plain uint32_t,
  * in both languages.
  *
+ * Memory shared with a peer (the rules of the ringfence crate docs'
+ * section of that name, for C). The ring's index words are only ever
+ * accessed with the __atomic builtins above. An SQE is written in place
+ * between rf_get_sqe and rf_submit: the slot is this thread's until it is
+ * published, and the engine only reads SQ slots. A CQE is read in place:
+ * the engine writes a slot only before publishing it, and not again until
+ * rf_cq_advance frees it; the helpers read no CQE field but the one load
+ * of `flags` in rf_cqe_buffer_id. Where the ring's memory is shared with a
+ * process you do not trust, copy a CQE out (struct rf_cqe c = *cqe;) and
+ * use only the copy: never read a shared field twice and trust it.
+ * Registered memory is written by peers at any time: a word that a peer
+ * PUTs (an aligned 1, 2, 4 or 8-byte PUT lands as one atomic store) or
+ * updates with atomics is read with one atomic load (rf_load_u64 for 8
+ * bytes), never with two plain reads; other bytes are copied out
+ * (memcpy) after the completion or notification that says the peer's
+ * writes are done, and only the copy is looked at.
+ *
  * A ring belongs to one thread at a time. Using these helpers after
  * rf_ring_destroy, or on a struct rf_ring that rf_ring_create did not fill,
  * is undefined (they dereference its pointers).

@@ -2,9 +2,11 @@
 //!
 //! Registered memory is shared with peers that write it without the owner's
 //! involvement (that is what one-sided communication is), so nothing here
-//! creates Rust references into it: copies go through raw pointers and
-//! atomics through `AtomicU64::from_ptr`.
+//! creates Rust references into it: every copy and word access goes
+//! through [`peer`](super::peer), the one copy primitive for such memory,
+//! and read-modify-write atomics through `AtomicU64::from_ptr`.
 
+use super::peer;
 use crate::driver::DriverMemory;
 use crate::limits::{self, Reservation};
 use nix::sys::mman::{self, MapFlags, ProtFlags};
@@ -15,7 +17,12 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Copies `len` bytes from `src` to `dst`.
+/// Copies `len` bytes from `src` into `dst`, memory a peer may read or
+/// write: [`peer::copy_to_peer`] on integer addresses. An aligned word of
+/// 1, 2, 4 or 8 bytes is one atomic store, so a peer polling it never sees
+/// it torn. The source is read with plain loads (it may be a borrowed
+/// local buffer); to copy out of memory a peer writes, with its aligned
+/// words loaded atomically, use [`peer::copy_from_peer`].
 ///
 /// # Safety
 /// - `[src, src + len)` is readable and `[dst, dst + len)` writable memory
@@ -23,8 +30,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 ///   and holds whatever keeps them registered).
 /// - Overlap is allowed (a put into the same buffer it reads from).
 pub unsafe fn copy(src: u64, dst: u64, len: usize) {
-    // SAFETY: both ranges are valid (contract); `copy` allows overlap.
-    unsafe { std::ptr::copy(src as usize as *const u8, dst as usize as *mut u8, len) }
+    // SAFETY: both ranges are valid (contract) and reached through raw
+    // pointers only; the primitive allows overlap.
+    unsafe { peer::copy_to_peer(dst as usize as *mut u8, src as usize as *const u8, len) }
 }
 
 /// Performs `op` on the 8-byte word at `addr` and returns the old value.
@@ -58,7 +66,7 @@ pub unsafe fn atomic(addr: u64, op: AtomicOp, operand: u64, operand2: u64) -> u6
 pub unsafe fn store_u64(addr: u64, value: u64) {
     // SAFETY: aligned and writable (contract); written atomically so a
     // concurrent reader of its own buffer never sees a torn value.
-    unsafe { AtomicU64::from_ptr(addr as usize as *mut u64) }.store(value, Ordering::Release);
+    unsafe { peer::store_u64(addr as usize as *mut u64, value) }
 }
 
 /// Zeroed, 64-byte-aligned memory owned by the registry, whose address
@@ -191,14 +199,10 @@ impl OwnedMem {
     pub(crate) fn read(&self, offset: usize, out: &mut [u8]) {
         let end = offset.checked_add(out.len()).expect("range overflows");
         assert!(end <= self.len(), "read past the end of the allocation");
-        // SAFETY: in bounds (asserted); raw copy, see the module docs.
-        unsafe {
-            copy(
-                self.addr() + offset as u64,
-                out.as_mut_ptr() as usize as u64,
-                out.len(),
-            )
-        }
+        // SAFETY: in bounds (asserted), from `ptr()`, which keeps the heap
+        // allocation's provenance; `out` is a distinct local buffer. The
+        // memory may be written by a peer meanwhile: see the module docs.
+        unsafe { peer::copy_from_peer(out.as_mut_ptr(), self.ptr().add(offset), out.len()) }
     }
 
     /// Copies `data` in at `offset`.
@@ -208,29 +212,24 @@ impl OwnedMem {
     pub(crate) fn write(&self, offset: usize, data: &[u8]) {
         let end = offset.checked_add(data.len()).expect("range overflows");
         assert!(end <= self.len(), "write past the end of the allocation");
-        // SAFETY: in bounds (asserted); raw copy, see the module docs.
-        unsafe {
-            copy(
-                data.as_ptr() as usize as u64,
-                self.addr() + offset as u64,
-                data.len(),
-            )
-        }
+        // SAFETY: in bounds (asserted), writable (owned memory, handed out
+        // for writing), from `ptr()` (see `read`); `data` is a distinct
+        // local buffer.
+        unsafe { peer::copy_to_peer(self.ptr().cast_mut().add(offset), data.as_ptr(), data.len()) }
     }
 
     /// The word at `offset`, for atomic access.
     ///
     /// # Panics
     /// If `offset` is not 8-byte aligned or the word is out of bounds.
-    fn word(&self, offset: usize) -> &AtomicU64 {
+    fn word(&self, offset: usize) -> *mut u64 {
         assert!(
             offset % 8 == 0 && offset.checked_add(8).is_some_and(|end| end <= self.len()),
             "unaligned or out of bounds"
         );
-        // SAFETY: aligned (the base is 64-aligned, the offset 8-aligned), in
-        // bounds (asserted), and allocated while `self` (hence the borrow)
-        // lives; every access to it goes through atomics or raw copies.
-        unsafe { AtomicU64::from_ptr((self.addr() + offset as u64) as usize as *mut u64) }
+        // In bounds (asserted), and 8-aligned: the base is 64-aligned and
+        // the offset 8-aligned.
+        self.ptr().cast_mut().wrapping_add(offset).cast::<u64>()
     }
 
     /// The word at `offset`, read atomically.
@@ -238,7 +237,10 @@ impl OwnedMem {
     /// # Panics
     /// If `offset` is not 8-byte aligned or the word is out of bounds.
     pub(crate) fn load_u64(&self, offset: usize) -> u64 {
-        self.word(offset).load(Ordering::Acquire)
+        // SAFETY: aligned and in bounds (`word`), allocated while `self`
+        // lives, and writable memory (heap, or a driver's read-write
+        // mapping).
+        unsafe { peer::load_u64(self.word(offset)) }
     }
 
     /// Writes the word at `offset` atomically (Release: the writes before
@@ -247,12 +249,20 @@ impl OwnedMem {
     /// # Panics
     /// If `offset` is not 8-byte aligned or the word is out of bounds.
     pub(crate) fn store_u64(&self, offset: usize, value: u64) {
-        self.word(offset).store(value, Ordering::Release);
+        // SAFETY: as in `load_u64`.
+        unsafe { peer::store_u64(self.word(offset), value) }
     }
 
     /// A borrowed view of `len` bytes at `offset`.
     ///
+    /// Only for memory no peer can reach: the notification buffers, private
+    /// memory (the heap or a private anonymous mapping, from `new`) that is
+    /// never registered or mapped by another process, and written only by
+    /// a driver's `NotifyPool::deliver` while the buffer is FILLING. Registered memory is never viewed as a slice (a peer may
+    /// write it at any time).
+    ///
     /// # Safety
+    /// - The memory is not registered and no other process maps it.
     /// - Nobody writes the range while the slice lives (the caller owns it
     ///   through a protocol such as the notify buffer states).
     ///
@@ -261,7 +271,8 @@ impl OwnedMem {
     pub(crate) unsafe fn slice(&self, offset: usize, len: usize) -> &[u8] {
         assert!(offset.checked_add(len).is_some_and(|end| end <= self.len()));
         // SAFETY: in bounds (asserted), initialized (zeroed at allocation),
-        // and not written while borrowed (contract).
+        // and not written while borrowed: no peer reaches it, and this
+        // process's writers keep off it (contract).
         unsafe { std::slice::from_raw_parts(self.ptr().add(offset), len) }
     }
 }

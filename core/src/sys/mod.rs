@@ -5,3 +5,4 @@
 
 pub(crate) mod mem;
 pub(crate) mod notify;
+pub(crate) mod peer;

@@ -13,7 +13,8 @@
 //! `FULL` → (application) `READING` → `FREE`. Only the owner of a state moves
 //! it on, so a buffer is never written while read.
 
-use super::mem::{self, OwnedMem};
+use super::mem::OwnedMem;
+use super::peer;
 use crate::limits;
 use ringfence_ring::Status;
 use ringfence_ring::{Doorbell, WakeFlag};
@@ -159,10 +160,18 @@ impl NotifyPool {
             return Err(Status::NoResource);
         };
         let dst = mem.addr() + buffer as u64 * u64::from(self.size);
-        // SAFETY: the source is valid (contract); the destination is buffer
-        // `buffer`, inside `mem` (`buffer < count`, `len <= size`), and ours
-        // alone in state FILLING.
-        unsafe { mem::copy(src, dst, len as usize) };
+        // SAFETY: the source is valid (contract), and may be memory a peer
+        // writes meanwhile (a channel): the buffer then holds garbage,
+        // never more than `len` bytes; the destination is buffer `buffer`,
+        // inside `mem` (`buffer < count`, `len <= size`), and ours alone in
+        // state FILLING.
+        unsafe {
+            peer::copy_from_peer(
+                dst as usize as *mut u8,
+                src as usize as *const u8,
+                len as usize,
+            )
+        };
         // Release: publishes the payload; pairs with the Acquire in `read`.
         self.states[buffer].store(FULL, Ordering::Release);
         let delivery = Delivery {
@@ -242,8 +251,11 @@ impl NotifyPool {
             .ok()?;
         let mem = self.mem.as_ref()?;
         let len = len.min(self.size) as usize;
-        // SAFETY: buffer `buffer` is ours in state READING; no driver writes
-        // a buffer that is not FREE, so it stays unchanged until `release`.
+        // SAFETY: the pool's memory is private (`OwnedMem::new`: the heap or
+        // a private anonymous mapping), never registered, so no peer
+        // reaches it; buffer `buffer` is ours in state READING, and no
+        // driver writes a buffer that is not FREE, so it stays unchanged
+        // until `release`.
         Some(unsafe { mem.slice(buffer as usize * self.size as usize, len) })
     }
 

@@ -186,9 +186,10 @@ impl Requests<'_> {
             let queued = self.send.push_filled(&piece.encode(), len, |dst| {
                 // SAFETY: `[src, src + len)` lies inside a live registration
                 // (checked just above, and nothing deregisters during this
-                // call: the engine lock is held); `dst` is `len` bytes of
-                // staging.
-                unsafe { peer_mem::copy(src, dst as u64, len) }
+                // call: the engine lock is held), memory peers may write
+                // meanwhile (copied out with the peer primitive: an aligned
+                // word is one atomic load); `dst` is `len` bytes of staging.
+                unsafe { peer_mem::copy_from_peer(dst, src as usize as *const u8, len) }
             });
             if !queued {
                 self.serve.get = Some(job);

@@ -12,6 +12,7 @@
 use super::region::SharedRegion;
 use super::rma;
 use crate::control::Liveness;
+use ringfence::peer_mem::{copy_from_peer, copy_to_peer};
 use ringfence::{DriverRkey, Op, OpKind};
 use ringfence_ring::Status;
 use std::ptr::NonNull;
@@ -123,13 +124,14 @@ impl HotKey {
         let local = op.local_addr as usize as *mut u8;
         // SAFETY: the remote range as above (writable for a PUT: checked);
         // the local range readable and, for a GET, writable (the engine's
-        // contract). `copy` tolerates overlap (a worker connected to
+        // contract). Raw pointers only (the peer copy primitive, as in
+        // `rma::mapped`); it tolerates overlap (a worker connected to
         // itself).
         unsafe {
             if put {
-                rma::copy(local.cast_const(), remote, op.len as usize);
+                copy_to_peer(remote, local.cast_const(), op.len as usize);
             } else {
-                rma::copy(remote.cast_const(), local, op.len as usize);
+                copy_from_peer(local, remote.cast_const(), op.len as usize);
             }
         }
         Some(Ok(op.len))

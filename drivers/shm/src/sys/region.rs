@@ -1,9 +1,11 @@
-//! Shared mappings of memfds, read and written only through raw copies and
-//! atomics (another process writes them at any time, so no Rust reference
-//! to their bytes is ever made, except `&AtomicU64`/`&AtomicU32` to words every process
-//! accesses atomically).
+//! Shared mappings of memfds, read and written only through the peer copy
+//! primitive ([`ringfence::peer_mem`]) and atomics (another process writes
+//! them at any time, so no Rust reference to their bytes is ever made,
+//! except `&AtomicU64`/`&AtomicU32` to words every process accesses
+//! atomically).
 
 use memmap2::{MmapOptions, MmapRaw};
+use ringfence::peer_mem::{copy_from_peer, copy_to_peer};
 use std::io;
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicU32, AtomicU64};
@@ -98,7 +100,7 @@ impl SharedRegion {
         // destination is a distinct, exclusively borrowed local buffer. The
         // bytes may change under us (another process): we copy them out
         // once and only the copy is looked at.
-        unsafe { std::ptr::copy_nonoverlapping(src.cast_const(), out.as_mut_ptr(), out.len()) };
+        unsafe { copy_from_peer(out.as_mut_ptr(), src.cast_const(), out.len()) };
         true
     }
 
@@ -113,7 +115,7 @@ impl SharedRegion {
         };
         // SAFETY: the destination is inside a writable mapping (checked);
         // the source is a local slice that cannot overlap it.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
+        unsafe { copy_to_peer(dst, data.as_ptr(), data.len()) };
         true
     }
 }

@@ -4,6 +4,13 @@
 //! in a memfd, and the two copies of a notification (into the channel on
 //! the initiator, out of it into a notification buffer on the target).
 //!
+//! Every byte moves through the engine's copy primitive for memory a peer
+//! may write concurrently ([`ringfence::peer_mem`]: an aligned 1, 2, 4 or
+//! 8-byte PUT or GET is one atomic store and load; no Rust reference or
+//! slice ever spans a mapping or a registration; see the `ringfence` crate
+//! docs, "Memory shared with a peer"). It is inlined here: small copies
+//! stay a few instructions, with no call into `memmove`.
+//!
 //! # Memory ordering
 //! Copies are plain stores by this CPU into memory the peer maps too; a
 //! copy is in the peer's memory when it returns (no device, no queue). What
@@ -17,65 +24,10 @@
 //! the same word whatever mapping either side uses.
 
 use super::region::SharedRegion;
+use ringfence::peer_mem::{copy_from_peer, copy_to_peer};
 use ringfence::{NotifyPool, Op, OpKind};
 use ringfence_ring::{AtomicOp, Status};
-use std::io::{IoSlice, IoSliceMut};
 use std::sync::atomic::{AtomicU64, Ordering};
-
-/// Copies `len` bytes from `src` to `dst` (the ranges may overlap). Up to
-/// 16 bytes, with at most two loads then two stores, inline: a call into
-/// the C library's `memmove` costs more than an 8-byte PUT itself. Sizes of
-/// 4, 8 and 16 bytes store each byte once: a peer spinning on the word must
-/// not see its cache line taken back by a second store of the same bytes
-/// (one more line transfer on a ping-pong's critical path).
-///
-/// # Safety
-/// As [`std::ptr::copy`]: `src` readable and `dst` writable for `len`
-/// bytes.
-#[inline]
-pub(crate) unsafe fn copy(src: *const u8, dst: *mut u8, len: usize) {
-    // SAFETY: in every arm, each load and store covers a sub-range of
-    // `[0, len)` of its pointer, which the caller makes valid; unaligned
-    // accesses are used throughout except the aligned word's atomic
-    // store, whose pointer the match guard checked for 8-byte alignment
-    // (`AtomicU64::from_ptr` needs that, and 8 valid bytes, which `len`
-    // gives); all loads precede the stores, so overlapping ranges copy as
-    // `ptr::copy` would.
-    unsafe {
-        match len {
-            // An aligned word lands with one atomic store: a peer polling it
-            // (with `rf_load_u64` or `RegisteredBuf::load_u64`) sees the
-            // old or the new value, never a mix (the documented guarantee
-            // of an aligned 8-byte PUT).
-            8 if dst.cast::<u64>().is_aligned() => AtomicU64::from_ptr(dst.cast::<u64>())
-                .store(src.cast::<u64>().read_unaligned(), Ordering::Release),
-            8 => dst
-                .cast::<u64>()
-                .write_unaligned(src.cast::<u64>().read_unaligned()),
-            4 => dst
-                .cast::<u32>()
-                .write_unaligned(src.cast::<u32>().read_unaligned()),
-            9..=16 => {
-                // 16: two halves; 9..=15: two overlapping words.
-                let (a, b) = (
-                    src.cast::<u64>().read_unaligned(),
-                    src.add(len - 8).cast::<u64>().read_unaligned(),
-                );
-                dst.cast::<u64>().write_unaligned(a);
-                dst.add(len - 8).cast::<u64>().write_unaligned(b);
-            }
-            5..=7 => {
-                let (a, b) = (
-                    src.cast::<u32>().read_unaligned(),
-                    src.add(len - 4).cast::<u32>().read_unaligned(),
-                );
-                dst.cast::<u32>().write_unaligned(a);
-                dst.add(len - 4).cast::<u32>().write_unaligned(b);
-            }
-            _ => std::ptr::copy(src, dst, len),
-        }
-    }
-}
 
 /// Asks the CPU to bring the cache line holding `at` into its cache, owned
 /// for writing if `write` (PREFETCHW), so that a store after the
@@ -124,14 +76,16 @@ pub(crate) fn mapped(region: &SharedRegion, offset: u64, op: &Op) -> Result<u32,
             // SAFETY: the remote range is inside the writable mapping
             // (checked above; the memfd is sealed against shrinking, so no
             // page of it faults); the local range is readable (engine
-            // contract). `copy` tolerates overlap (a worker connected to
-            // itself).
-            unsafe { copy(local.cast_const(), remote, len) };
+            // contract). Both are reached through raw pointers only; the
+            // copy tolerates overlap (a worker connected to itself).
+            unsafe { copy_to_peer(remote, local.cast_const(), len) };
         }
         OpKind::Get => {
             // SAFETY: as for PUT, in the other direction; the local range is
-            // writable (engine contract).
-            unsafe { copy(remote.cast_const(), local, len) };
+            // writable (engine contract). A read-only mapping is fine: the
+            // primitive's loads are plain or Relaxed atomic loads of at most
+            // 8 bytes.
+            unsafe { copy_from_peer(local, remote.cast_const(), len) };
         }
         OpKind::Atomic(aop) => {
             if op.len != 8 {
@@ -186,38 +140,44 @@ pub(crate) fn mapped(region: &SharedRegion, offset: u64, op: &Op) -> Result<u32,
 /// gone, [`Status::AccessDenied`] if the pages are not mapped there or
 /// access is not permitted, [`Status::Transport`] otherwise.
 pub(crate) fn cma(pid: nix::unistd::Pid, remote_addr: u64, op: &Op) -> Result<u32, Status> {
-    use nix::sys::uio::{RemoteIoVec, process_vm_readv, process_vm_writev};
+    use nix::libc::{c_ulong, c_void, iovec};
     let len = op.len as usize;
-    let remote = [RemoteIoVec {
-        base: usize::try_from(remote_addr).map_err(|_| Status::OutOfBounds)?,
-        len,
-    }];
-    let local = op.local_addr as usize as *mut u8;
+    let remote = iovec {
+        iov_base: usize::try_from(remote_addr).map_err(|_| Status::OutOfBounds)? as *mut c_void,
+        iov_len: len,
+    };
+    // The local range as a raw `iovec`: the kernel reads or writes it, no
+    // Rust code does, and no slice is made over it (the memory is a
+    // registration that peers may write meanwhile).
+    let local = iovec {
+        iov_base: op.local_addr as usize as *mut c_void,
+        iov_len: len,
+    };
     let moved = match op.kind {
-        OpKind::Put => {
-            // SAFETY: the local range is readable memory of a live
-            // registration (engine contract). The slice only carries its
-            // address and length to the kernel; no Rust code reads it.
-            let src = unsafe { std::slice::from_raw_parts(local.cast_const(), len) };
-            process_vm_writev(pid, &[IoSlice::new(src)], &remote)
-        }
-        OpKind::Get => {
-            // SAFETY: as for PUT; the range is writable (engine contract),
-            // and only the kernel writes through the slice.
-            let dst = unsafe { std::slice::from_raw_parts_mut(local, len) };
-            process_vm_readv(pid, &mut [IoSliceMut::new(dst)], &remote)
-        }
+        // SAFETY: both iovecs are valid for the call (one element each);
+        // the local range is readable memory of a live registration
+        // (engine contract), and the kernel checks the remote one.
+        OpKind::Put => unsafe {
+            nix::libc::process_vm_writev(pid.as_raw(), &local, 1, &remote, 1, 0 as c_ulong)
+        },
+        // SAFETY: as for PUT; the local range is writable (engine
+        // contract), and only the kernel writes it.
+        OpKind::Get => unsafe {
+            nix::libc::process_vm_readv(pid.as_raw(), &local, 1, &remote, 1, 0 as c_ulong)
+        },
         OpKind::Atomic(_) => return Err(Status::Unsupported),
         OpKind::Notify => return Err(Status::InvalidArgument),
     };
     match moved {
-        Ok(n) if n == len => Ok(op.len),
+        n if n >= 0 && n as usize == len => Ok(op.len),
         // A partial transfer stops at an unmapped page of the target.
-        Ok(_) => Err(Status::AccessDenied),
-        Err(nix::errno::Errno::ESRCH) => Err(Status::PeerUnreachable),
-        Err(nix::errno::Errno::EFAULT | nix::errno::Errno::EPERM) => Err(Status::AccessDenied),
-        Err(nix::errno::Errno::ENOMEM) => Err(Status::NoResource),
-        Err(_) => Err(Status::Transport),
+        n if n >= 0 => Err(Status::AccessDenied),
+        _ => match nix::errno::Errno::last() {
+            nix::errno::Errno::ESRCH => Err(Status::PeerUnreachable),
+            nix::errno::Errno::EFAULT | nix::errno::Errno::EPERM => Err(Status::AccessDenied),
+            nix::errno::Errno::ENOMEM => Err(Status::NoResource),
+            _ => Err(Status::Transport),
+        },
     }
 }
 
@@ -232,11 +192,10 @@ pub(crate) fn copy_payload(region: &SharedRegion, offset: u64, op: &Op) -> bool 
     };
     if op.len > 0 {
         // SAFETY: the destination is inside the writable channel mapping
-        // (checked); the source is the payload's local range (engine
-        // contract), which is never inside a channel.
-        unsafe {
-            std::ptr::copy_nonoverlapping(op.local_addr as usize as *const u8, dst, op.len as usize)
-        };
+        // (checked), which the peer reads (and could scribble on); the
+        // source is the payload's local range (engine contract), which is
+        // never inside a channel. Raw pointers only.
+        unsafe { copy_to_peer(dst, op.local_addr as usize as *const u8, op.len as usize) };
     }
     true
 }
@@ -262,42 +221,4 @@ pub(crate) fn deliver(
     // may scribble over it meanwhile: the buffer then holds garbage, never
     // more than `len` bytes.
     unsafe { pool.deliver(src as usize as u64, len, tag) }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::copy;
-
-    /// Every length up to 40, between separate buffers and within one
-    /// buffer with the ranges overlapping either way, copies exactly what
-    /// `ptr::copy` copies.
-    #[test]
-    fn small_copies_match_ptr_copy() {
-        for len in 0..=40usize {
-            let src: Vec<u8> = (0..len as u8).map(|b| b.wrapping_mul(7) + 1).collect();
-            let mut dst = vec![0u8; len];
-            // SAFETY: both buffers hold `len` bytes.
-            unsafe { copy(src.as_ptr(), dst.as_mut_ptr(), len) };
-            assert_eq!(dst, src, "len {len}");
-            for shift in [1usize, 3, 8] {
-                let base: Vec<u8> = (0..(len + shift) as u8).collect();
-                let (mut ours, mut std_) = (base.clone(), base.clone());
-                // SAFETY: both ranges lie inside buffers of `len + shift`.
-                unsafe {
-                    let (o, s) = (ours.as_mut_ptr(), std_.as_mut_ptr());
-                    copy(o, o.add(shift), len);
-                    std::ptr::copy(s, s.add(shift), len);
-                }
-                assert_eq!(ours, std_, "len {len}, forward by {shift}");
-                let (mut ours, mut std_) = (base.clone(), base);
-                // SAFETY: as above, the other way.
-                unsafe {
-                    let (o, s) = (ours.as_mut_ptr(), std_.as_mut_ptr());
-                    copy(o.add(shift), o, len);
-                    std::ptr::copy(s.add(shift), s, len);
-                }
-                assert_eq!(ours, std_, "len {len}, back by {shift}");
-            }
-        }
-    }
 }
