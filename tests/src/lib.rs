@@ -1,6 +1,7 @@
 //! Helpers shared by ringfence's integration tests: running a role of the
 //! same test binary in a child process, passing descriptors between
-//! processes, and bounding waits so a bug shows up as a failure, not a hang.
+//! processes, bounding waits so a bug shows up as a failure, not a hang,
+//! and replaying fuzz corpora on stable.
 //!
 //! Unsafe code is confined to [`fdpass`] (adopting descriptors received with
 //! `SCM_RIGHTS`) and [`scribble`] (writing garbage into shared memory on
@@ -8,6 +9,7 @@
 #![deny(unsafe_code, missing_docs)]
 
 pub mod child;
+pub mod corpus;
 pub mod fdpass;
 pub mod scribble;
 pub mod shm;

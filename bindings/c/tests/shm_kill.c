@@ -7,7 +7,7 @@
  * again (exec'd with "--target"), so the child starts clean however many
  * threads the parent runs.
  */
-#include "rftest.h"
+#include "rft_link.h"
 
 #include <signal.h>
 #include <sys/socket.h>
@@ -18,67 +18,10 @@
 #define QUEUED 48 /* PUTs queued before the kill (the SQ holds 64) */
 #define WINDOW (64u << 10)
 
-static void send_all(int fd, const void *p, size_t len)
-{
-    const uint8_t *b = (const uint8_t *)p;
-    while (len > 0) {
-        ssize_t n = write(fd, b, len);
-        if (n <= 0) {
-            perror("write");
-            exit(1);
-        }
-        b += n;
-        len -= (size_t)n;
-    }
-}
-
-static void recv_all(int fd, void *p, size_t len)
-{
-    uint8_t *b = (uint8_t *)p;
-    while (len > 0) {
-        ssize_t n = read(fd, b, len);
-        if (n <= 0) {
-            fprintf(stderr, "peer hung up\n");
-            exit(1);
-        }
-        b += n;
-        len -= (size_t)n;
-    }
-}
-
-static void send_blob(int fd, const void *b, uint64_t len)
-{
-    send_all(fd, &len, sizeof len);
-    send_all(fd, b, len);
-}
-
-static size_t recv_blob(int fd, uint8_t *b, size_t cap)
-{
-    uint64_t len;
-    recv_all(fd, &len, sizeof len);
-    if (len > cap)
-        exit(1);
-    recv_all(fd, b, len);
-    return (size_t)len;
-}
-
-static rf_worker_t shm_worker(void)
-{
-    struct rf_worker_config config;
-    MUST(rf_worker_config_init(&config));
-    config.drivers = "shm";
-    config.ignore_env = 1;
-    config.sq_entries = 64;
-    config.cq_entries = 128;
-    rf_worker_t w = 0;
-    MUST(rf_worker_create(&config, &w));
-    return w;
-}
-
 /* The target: offers a window, then waits to be killed. */
 static int target_main(int fd)
 {
-    rf_worker_t w = shm_worker();
+    rf_worker_t w = rft_shm_worker();
     uint8_t *window = NULL;
     uint32_t mem = 0;
     MUST(rf_mem_alloc(w, WINDOW, (void **)&window, &mem));
@@ -86,10 +29,10 @@ static int target_main(int fd)
     size_t addr_len = 0, key_len = 0;
     MUST(rf_worker_address(w, addr, sizeof addr, &addr_len));
     MUST(rf_rkey_pack(w, mem, key, sizeof key, &key_len));
-    send_blob(fd, addr, addr_len);
-    send_blob(fd, key, key_len);
+    rft_send_blob(fd, addr, addr_len);
+    rft_send_blob(fd, key, key_len);
     uint64_t base = (uint64_t)(uintptr_t)window;
-    send_all(fd, &base, sizeof base);
+    rft_send_all(fd, &base, sizeof base);
     uint8_t byte;
     (void)read(fd, &byte, 1); /* never answered: the parent kills us */
     return 0;
@@ -133,10 +76,10 @@ static void one_round(int round)
     close(pair[1]);
     int fd = pair[0];
     uint8_t addr[512], key[512];
-    size_t addr_len = recv_blob(fd, addr, sizeof addr);
-    size_t key_len = recv_blob(fd, key, sizeof key);
+    size_t addr_len = rft_recv_blob(fd, addr, sizeof addr);
+    size_t key_len = rft_recv_blob(fd, key, sizeof key);
     uint64_t base;
-    recv_all(fd, &base, sizeof base);
+    rft_recv_all(fd, &base, sizeof base);
     uint32_t ep = 0, rkey = 0;
     MUST(rf_ep_connect(w, addr, addr_len, &ep));
     MUST(rf_rkey_unpack(w, ep, key, key_len, &rkey));
@@ -200,7 +143,7 @@ int main(int argc, char **argv)
         return target_main(atoi(argv[2]));
     self_exe = "/proc/self/exe";
     signal(SIGPIPE, SIG_IGN);
-    w = shm_worker();
+    w = rft_shm_worker();
     MUST(rf_ring_create(w, 0, 0, &ring));
     MUST(rf_mem_alloc(w, WINDOW, (void **)&src, &src_mem));
     RFT_RUN(nothing_succeeds_after_the_reap);

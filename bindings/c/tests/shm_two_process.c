@@ -6,7 +6,7 @@
  * memory. The processes are forked before either touches the library (no
  * threads yet), and talk over a socket pair.
  */
-#include "rftest.h"
+#include "rft_link.h"
 
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -18,58 +18,12 @@ enum { CMD_EXIT, CMD_CHECK, CMD_WORD, CMD_NOTIFY, CMD_WATCH };
 
 static int sock = -1;
 
-static void send_all(const void *p, size_t len)
-{
-    const uint8_t *b = (const uint8_t *)p;
-    while (len > 0) {
-        ssize_t n = write(sock, b, len);
-        if (n <= 0) {
-            perror("write");
-            exit(1);
-        }
-        b += n;
-        len -= (size_t)n;
-    }
-}
-
-static void recv_all(void *p, size_t len)
-{
-    uint8_t *b = (uint8_t *)p;
-    while (len > 0) {
-        ssize_t n = read(sock, b, len);
-        if (n <= 0) {
-            fprintf(stderr, "peer hung up\n");
-            exit(1);
-        }
-        b += n;
-        len -= (size_t)n;
-    }
-}
-
+static void send_all(const void *p, size_t len) { rft_send_all(sock, p, len); }
+static void recv_all(void *p, size_t len) { rft_recv_all(sock, p, len); }
 static void send_u64s(const uint64_t *v, size_t n) { send_all(v, n * sizeof *v); }
-
-static uint64_t recv_u64(void)
-{
-    uint64_t v;
-    recv_all(&v, sizeof v);
-    return v;
-}
-
-static void send_blob(const uint8_t *b, size_t len)
-{
-    uint64_t l = len;
-    send_u64s(&l, 1);
-    send_all(b, len);
-}
-
-static size_t recv_blob(uint8_t *b, size_t cap)
-{
-    uint64_t len = recv_u64();
-    if (len > cap)
-        exit(1);
-    recv_all(b, len);
-    return (size_t)len;
-}
+static uint64_t recv_u64(void) { return rft_recv_u64(sock); }
+static void send_blob(const uint8_t *b, size_t len) { rft_send_blob(sock, b, len); }
+static size_t recv_blob(uint8_t *b, size_t cap) { return rft_recv_blob(sock, b, cap); }
 
 static uint8_t pattern_byte(size_t i, uint64_t seed)
 {
@@ -90,24 +44,11 @@ static int matches(const volatile uint8_t *p, size_t len, uint64_t seed)
     return 1;
 }
 
-static rf_worker_t shm_worker(void)
-{
-    struct rf_worker_config config;
-    MUST(rf_worker_config_init(&config));
-    config.drivers = "shm";
-    config.ignore_env = 1;
-    config.sq_entries = 64;
-    config.cq_entries = 128;
-    rf_worker_t w = 0;
-    MUST(rf_worker_create(&config, &w));
-    return w;
-}
-
 /* ------------------------------------------------------------- target */
 
 static int target_main(void)
 {
-    rf_worker_t w = shm_worker();
+    rf_worker_t w = rft_shm_worker();
     struct rf_ring ring; /* the first ring: it receives notifications */
     MUST(rf_ring_create(w, 0, 0, &ring));
     uint8_t *window = NULL;
@@ -192,7 +133,7 @@ static void connect_to_target(void)
     size_t addr_len = recv_blob(addr, sizeof addr);
     size_t key_len = recv_blob(key, sizeof key);
     base = recv_u64();
-    w = shm_worker();
+    w = rft_shm_worker();
     MUST(rf_ep_connect(w, addr, addr_len, &ep));
     MUST(rf_rkey_unpack(w, ep, key, key_len, &rkey));
     MUST(rf_mem_alloc(w, WINDOW, (void **)&src, &src_mem));
