@@ -111,6 +111,8 @@ mod request;
 mod sim;
 mod stats;
 mod sys;
+#[cfg(feature = "testkit")]
+mod testkit;
 mod worker;
 
 pub use checksum::reseal;
@@ -132,6 +134,8 @@ pub use ringfence_ring::{Cqe, Sqe, Status};
 pub use sim::{SimDriver, SimEvent, SimHandle, SimStats, SimTiming};
 pub use stats::Stats;
 pub use sys::notify::{Delivery, MAX_NOTIFY_BUFFERS, NotifyPool};
+#[cfg(feature = "testkit")]
+pub use testkit::LoopbackTarget;
 pub use worker::{Notification, QueuePair, RegisteredBuf, Worker, WorkerBuilder};
 
 /// Copies and atomics on memory a peer may write concurrently: registered

@@ -9,8 +9,8 @@
 
 use ringfence::{
     Completion, CompletionMode, Connect, Driver, DriverEp, EndpointId, EndpointState, FaultHandle,
-    FaultInjector, Loopback, Posted, QueuePair, Quiesce, RegisteredBuf, RkeyId, Timing, Token,
-    Worker,
+    FaultInjector, Loopback, LoopbackTarget, Posted, QueuePair, Quiesce, RegisteredBuf, RkeyId,
+    Timing, Token, Worker,
 };
 use ringfence_ring::{FenceMode, RemoteBuf, Sqe, Status};
 use std::collections::HashMap;
@@ -47,16 +47,12 @@ fn rig(timing: Timing) -> Rig {
         .driver(injector)
         .build()
         .unwrap();
-    let target = Worker::builder()
-        .driver(Loopback::new())
-        .ignore_env()
-        .build()
-        .unwrap();
-    let window = target.alloc_registered(16 * SLOT as usize).unwrap();
-    let ep = initiator.connect(target.address()).unwrap();
-    let rkey = initiator
-        .unpack_rkey(ep, &target.pack_rkey(window.handle()).unwrap())
-        .unwrap();
+    let LoopbackTarget {
+        worker: target,
+        window,
+        ep,
+        rkey,
+    } = LoopbackTarget::connect(&initiator, 16 * SLOT as usize);
     let src = initiator.alloc_registered(BIG as usize).unwrap();
     src.write(0, &[0xaa; BIG as usize]);
     let qp = initiator.create_queue().unwrap();

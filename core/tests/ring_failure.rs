@@ -12,8 +12,8 @@
 #![allow(unsafe_code)] // writes garbage into the ring memory, on purpose
 
 use ringfence::{
-    CompletionMode, EndpointId, FaultHandle, FaultInjector, Loopback, QueuePair, RegisteredBuf,
-    RkeyId, Timing, Worker,
+    CompletionMode, EndpointId, FaultHandle, FaultInjector, Loopback, LoopbackTarget, QueuePair,
+    RegisteredBuf, RkeyId, Timing, Worker,
 };
 use ringfence_ring::{ConsumerLine, Cqe, ProducerLine, RemoteBuf, RingError, Sqe, Status};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -52,16 +52,12 @@ fn rig() -> Rig {
         .driver(injector)
         .build()
         .unwrap();
-    let target = Worker::builder()
-        .driver(Loopback::new())
-        .ignore_env()
-        .build()
-        .unwrap();
-    let window = target.alloc_registered(4096).unwrap();
-    let ep = initiator.connect(target.address()).unwrap();
-    let rkey = initiator
-        .unpack_rkey(ep, &target.pack_rkey(window.handle()).unwrap())
-        .unwrap();
+    let LoopbackTarget {
+        worker: target,
+        window,
+        ep,
+        rkey,
+    } = LoopbackTarget::connect(&initiator, 4096);
     let src = initiator.alloc_registered(64).unwrap();
     src.write(0, &[0x5a; 64]);
     let victim = initiator.create_queue_with(8, 4).unwrap();
