@@ -286,7 +286,7 @@ fn a_corrupt_cq_head_fails_its_queue_pair_when_the_engine_posts() {
 }
 
 #[test]
-fn garbage_over_the_ring_header_fails_its_queue_pair() {
+fn garbage_over_the_whole_sq_fails_its_queue_pair() {
     let mut rig = rig();
     rig.puts_in_flight();
     let sq = rig.victim.as_raw_sq();
@@ -295,6 +295,12 @@ fn garbage_over_the_ring_header_fails_its_queue_pair() {
     let base = sq.tail.as_ptr().wrapping_byte_sub(128);
     for i in 0..(128 + 4 * 128) / 4 {
         let at = std::ptr::NonNull::new(base.wrapping_add(i)).unwrap();
+        word(at).store(0xa5a5_a5a5, Ordering::Release);
+    }
+    // And every SQ slot.
+    let slots = sq.entries.as_ptr().cast::<u32>();
+    for i in 0..sq.capacity as usize * std::mem::size_of::<Sqe>() / 4 {
+        let at = std::ptr::NonNull::new(slots.wrapping_add(i)).unwrap();
         word(at).store(0xa5a5_a5a5, Ordering::Release);
     }
     rig.initiator.progress();
