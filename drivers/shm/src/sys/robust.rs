@@ -114,6 +114,15 @@ impl<'a> Armed<'a> {
                 &raw mut previous_len,
             )
         };
+        if got != 0 {
+            // Not allowed to look (a seccomp filter, say): the thread's
+            // previous head is unknown. Arming goes on; `drop` then leaves
+            // the kernel a null head, which it reads as an empty list (a
+            // fault on a user pointer ends the walk). This thread never
+            // holds the C library's robust mutexes, so nothing is lost.
+            previous = ptr::null_mut();
+            previous_len = HEAD_LEN;
+        }
         let node = Box::into_raw(Box::new(Node {
             list: RobustList {
                 next: ptr::null_mut(),
@@ -141,18 +150,11 @@ impl<'a> Armed<'a> {
         // first gives the kernel back the previous head; HEAD_LEN is the
         // ABI's size of the head.
         let set = unsafe { nix::libc::syscall(nix::libc::SYS_set_robust_list, node, HEAD_LEN) };
-        if got != 0 || set != 0 {
+        if set != 0 {
             let error = std::io::Error::last_os_error();
             word.store(0, Ordering::Release);
-            // SAFETY: the kernel did not take the node (or we could not
-            // save the previous head, and then we must not replace it:
-            // put it back if the set went through).
-            unsafe {
-                if set == 0 {
-                    nix::libc::syscall(nix::libc::SYS_set_robust_list, previous, previous_len);
-                }
-                drop(Box::from_raw(node));
-            }
+            // SAFETY: the kernel did not take the node: it is still ours.
+            unsafe { drop(Box::from_raw(node)) };
             tracing::warn!(%error, "shm liveness word not armed: peers cannot tell at once when this driver dies");
             return Armed {
                 word,
@@ -182,8 +184,8 @@ impl Drop for Armed<'_> {
             return;
         };
         // SAFETY: restores the head saved in `arm` (the C library's, valid
-        // for this thread's life) before freeing ours, so the kernel never
-        // holds a freed head. `drop` runs on the arming thread (`Armed` is
+        // for this thread's life, or null when it could not be read) before
+        // freeing ours, so the kernel never holds a freed head. `drop` runs on the arming thread (`Armed` is
         // not `Send`: it holds raw pointers).
         unsafe {
             nix::libc::syscall(
