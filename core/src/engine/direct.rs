@@ -311,11 +311,12 @@ impl Engine {
             return None;
         }
         if !admitted {
-            // A failed endpoint (a dead peer, say) fails it here as intake
-            // would, with its sticky first error: its one completion (R31,
-            // R32).
+            // On a failed endpoint (a dead peer, say) intake's checks fail
+            // it with exactly the status its CQE would carry (its sticky
+            // first error, or what is wrong with the SQE): its one
+            // completion (R31, R32).
             return match self.endpoints.get(sqe.endpoint as usize) {
-                Some(ep) if ep.state == EpState::Failed => Some(Err(ep.error())),
+                Some(ep) if ep.state == EpState::Failed => self.validate(sqe).err().map(Err),
                 _ => None,
             };
         }

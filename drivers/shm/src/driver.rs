@@ -171,12 +171,8 @@ impl Conn {
     /// liveness word says so (one load); a peer whose word is not armed is
     /// asked through its socket instead (one system call, only then).
     fn peer_alive(&self) -> bool {
-        match self.liveness.word() {
-            _ if self.liveness.gone() => false,
-            Word::Alive => true,
-            Word::Unarmed => socket_open(&self.socket),
-            Word::Gone => false,
-        }
+        // Not gone: the word says alive, or it was never armed.
+        !self.liveness.gone() && (self.liveness.word() == Word::Alive || socket_open(&self.socket))
     }
 }
 
