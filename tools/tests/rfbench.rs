@@ -197,6 +197,45 @@ fn rows_scale_to_the_duration_unless_num_iter_fixes_them() {
     assert!(fixed.iter().all(|&n| n == 37), "{fixed:?}");
 }
 
+/// A bandwidth row runs once per pass (5 by default, 1 with `--num-iter`)
+/// and prints its median pass, still one line per row; with
+/// `--check-consistency` every pass is checked.
+#[test]
+fn rows_run_in_passes_and_print_once() {
+    let passes = |extra: &[&str]| -> Vec<(u64, u64)> {
+        let mut args = vec![
+            "--driver",
+            "loopback",
+            "--json",
+            "--max-block-size",
+            "64",
+            "--max-batch-size",
+            "2",
+            "--duration",
+            "0.005",
+            "--check-consistency",
+        ];
+        args.extend_from_slice(extra);
+        stdout_of(&args)
+            .lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                (
+                    v["passes"].as_u64().unwrap(),
+                    v["iterations"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    let default = passes(&[]);
+    assert_eq!(default.len(), 4 * 2, "{default:?}");
+    assert!(default.iter().all(|&(p, _)| p == 5), "{default:?}");
+    let fixed = passes(&["--num-iter", "37"]);
+    assert!(fixed.iter().all(|&p| p == (1, 37)), "{fixed:?}");
+    let both = passes(&["--num-iter", "37", "--passes", "3"]);
+    assert!(both.iter().all(|&p| p == (3, 37)), "{both:?}");
+}
+
 /// Latencies print in a unit that resolves them: nanoseconds with one
 /// decimal by default, so no sub-microsecond figure reads as 0.0; with
 /// `--nixl-format`, nixlbench's microseconds with one decimal.
@@ -285,6 +324,8 @@ fn bad_arguments_are_a_clear_message_and_status_2() {
         ),
         (&["--driver", "verbs"], "not built"),
         (&["--duration", "0"], "--duration must be"),
+        (&["--passes", "0"], "--passes must be from 1 to 101"),
+        (&["--passes", "102"], "--passes must be from 1 to 101"),
         (&["--role", "initiator"], "--peer"),
         (
             &["--role", "initiator", "--peer", "nonsense"],

@@ -149,6 +149,13 @@ pub struct Cli {
     /// short rows are not swamped by noise.
     #[arg(long, default_value_t = 0.05)]
     pub duration: f64,
+    /// Passes over the bandwidth sweep: every row runs once per pass
+    /// (`--duration` is shared out among its passes), and its figures are
+    /// those of its median pass, so that a slow spell of the machine moves
+    /// one pass of a row and not the row. Default 5, or 1 when `--num-iter`
+    /// is given (nixlbench's one pass of exactly that many batches).
+    #[arg(long)]
+    pub passes: Option<u32>,
     /// Untimed batches before each row (latency mode: round trips).
     #[arg(long, default_value_t = 100)]
     pub warmup_iter: u64,
@@ -241,8 +248,12 @@ pub const MAX_BLOCK: u64 = 1 << 30;
 pub const MAX_BATCH: u64 = 128;
 /// Round trips per latency row when `--num-iter` is not given.
 pub const DEFAULT_LATENCY_ITERS: u64 = 1000;
-/// Bounds of the timed batches a `--duration` row runs.
+/// Bounds of the timed batches a `--duration` row runs (per pass).
 pub const DURATION_ITERS: (u64, u64) = (100, 10_000_000);
+/// Passes over a bandwidth sweep when `--num-iter` is not given.
+pub const DEFAULT_PASSES: u32 = 5;
+/// The most passes `--passes` takes.
+pub const MAX_PASSES: u32 = 101;
 /// Bytes of the window: every transfer of the largest batch at its own
 /// offset, for the largest block.
 pub fn window_len(op: OpKind, max_block: u64, max_batch: u64) -> usize {
@@ -254,6 +265,16 @@ impl Cli {
     /// Round trips per latency row: `--num-iter`, or 1000.
     pub fn latency_iters(&self) -> u64 {
         self.num_iter.unwrap_or(DEFAULT_LATENCY_ITERS)
+    }
+
+    /// Passes over the bandwidth sweep: `--passes`, else 5 without
+    /// `--num-iter` and 1 with it.
+    pub fn passes(&self) -> u32 {
+        self.passes.unwrap_or(if self.num_iter.is_some() {
+            1
+        } else {
+            DEFAULT_PASSES
+        })
     }
 
     /// Checks what clap cannot: powers of two, ranges, and combinations.
@@ -293,6 +314,12 @@ impl Cli {
             return usage(format!(
                 "--duration must be more than 0 and at most 3600 seconds, not {}",
                 self.duration
+            ));
+        }
+        if self.passes.is_some_and(|p| p == 0 || p > MAX_PASSES) {
+            return usage(format!(
+                "--passes must be from 1 to {MAX_PASSES}, not {}",
+                self.passes.unwrap_or_default()
             ));
         }
         if self.fence_every == 0 {

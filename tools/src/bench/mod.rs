@@ -239,15 +239,26 @@ fn bandwidth(
     let format = Format::of(cli);
     emit(&report::header(cli, format, note))?;
     let (blocks, batches) = (cli.block_sizes(), cli.batch_sizes());
-    let bar = progress_bar((blocks.len() * batches.len()) as u64);
-    let mut rows: Vec<Row> = Vec::new();
-    for &block in &blocks {
-        for &batch in &batches {
-            bar.set_message(format!("{block} B x {batch}"));
-            let r = initiator.row(cli, target, block, batch)?;
-            bar.suspend(|| emit(&report::row(cli, format, &r)))?;
+    let grid: Vec<(u64, u64)> = blocks
+        .iter()
+        .flat_map(|&block| batches.iter().map(move |&batch| (block, batch)))
+        .collect();
+    let passes = cli.passes() as usize;
+    let bar = progress_bar((grid.len() * passes) as u64);
+    // Each row's passes, and the rows as they are final (after the last
+    // pass, which prints them one by one as it goes).
+    let mut tried: Vec<Vec<Row>> = grid.iter().map(|_| Vec::with_capacity(passes)).collect();
+    let mut rows: Vec<Row> = Vec::with_capacity(grid.len());
+    for pass in 1..=passes {
+        for (&(block, batch), tries) in grid.iter().zip(&mut tried) {
+            bar.set_message(format!("{block} B x {batch}, pass {pass}/{passes}"));
+            tries.push(initiator.row(cli, target, block, batch)?);
             bar.inc(1);
-            rows.push(r);
+            if pass == passes {
+                let r = stats::median_pass(std::mem::take(tries));
+                bar.suspend(|| emit(&report::row(cli, format, &r)))?;
+                rows.push(r);
+            }
         }
     }
     bar.finish_and_clear();

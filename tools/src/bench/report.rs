@@ -152,6 +152,13 @@ pub fn header(cli: &Cli, format: Format, driver_note: &str) -> String {
                         }
                     },
                 ),
+                (
+                    "Passes (--passes; each row: its median pass)",
+                    match cli.mode {
+                        Mode::Bandwidth => cli.passes().to_string(),
+                        Mode::Latency => "1 (latency rows report their median)".into(),
+                    },
+                ),
                 ("Warmup iter (--warmup-iter)", cli.warmup_iter.to_string()),
                 (
                     "Fence (--fence, --fence-every)",

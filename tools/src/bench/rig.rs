@@ -189,9 +189,10 @@ impl Initiator {
         Ok((t1 - t0, t2 - t1, t3 - t1))
     }
 
-    /// Runs one row: `warmup_iter` untimed batches, then `num_iter` timed
-    /// ones; with `--check-consistency`, prepares and verifies through
-    /// `target`.
+    /// Runs one pass of a row: `warmup_iter` untimed batches, then
+    /// `num_iter` timed ones (by default, as many as the pass's share of
+    /// `--duration` takes); with `--check-consistency`, prepares and
+    /// verifies through `target`.
     ///
     /// # Errors
     /// A completion failed, the check failed, or a hang.
@@ -261,13 +262,15 @@ impl Initiator {
     }
 }
 
-/// The timed batches a row runs for `--duration`, from the warmup's pace
-/// (`warmup_iter` batches in `took`; with no warmup, the least).
+/// The timed batches one pass of a row runs for its share of
+/// `--duration`, from the warmup's pace (`warmup_iter` batches in `took`;
+/// with no warmup, the least).
 fn scaled_iters(cli: &Cli, took: Duration) -> u64 {
     let (least, most) = crate::bench::cli::DURATION_ITERS;
     if cli.warmup_iter == 0 || took.is_zero() {
         return least;
     }
     let per_batch = took.as_secs_f64() / cli.warmup_iter as f64;
-    ((cli.duration / per_batch) as u64).clamp(least, most)
+    let share = cli.duration / f64::from(cli.passes());
+    ((share / per_batch) as u64).clamp(least, most)
 }

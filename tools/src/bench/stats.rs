@@ -92,8 +92,10 @@ pub struct Row {
     pub block_size: u64,
     /// Transfers per batch.
     pub batch_size: u64,
-    /// Timed batches.
+    /// Timed batches (of the median pass).
     pub iterations: u64,
+    /// Passes the row ran; its figures are those of the median pass.
+    pub passes: u32,
     /// Bandwidth, GB/s (10^9 bytes per second).
     pub bw_gb_per_sec: f64,
     /// Wall time per transfer, microseconds.
@@ -124,6 +126,7 @@ impl Row {
             block_size,
             batch_size,
             iterations,
+            passes: 1,
             bw_gb_per_sec: block_size as f64 * transfers / secs / 1e9,
             avg_lat_us: secs * 1e6 / transfers.max(1.0),
             elapsed_s: secs,
@@ -132,6 +135,20 @@ impl Row {
             tx: samples.tx.summary(),
         }
     }
+}
+
+/// The pass of a row with the median bandwidth (of an even count, the
+/// lower middle one): every figure of the row comes from that one pass.
+///
+/// # Panics
+/// If `passes` is empty (a sweep runs every row at least once).
+pub fn median_pass(mut passes: Vec<Row>) -> Row {
+    assert!(!passes.is_empty(), "a row runs at least one pass");
+    passes.sort_by(|a, b| a.bw_gb_per_sec.total_cmp(&b.bw_gb_per_sec));
+    let count = passes.len();
+    let mut row = passes.swap_remove((count - 1) / 2);
+    row.passes = u32::try_from(count).unwrap_or(u32::MAX);
+    row
 }
 
 /// The per-batch samples of one row.
@@ -213,5 +230,37 @@ mod tests {
         // 1000 B x 4 x 250 = 1 MB in 1 ms = 1 GB/s; 1 ms / 1000 transfers.
         assert!((row.bw_gb_per_sec - 1.0).abs() < 1e-9);
         assert!((row.avg_lat_us - 1.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_row_is_its_median_pass_whole() {
+        // Passes of 1000 x 1 B in 1, 4, 2, 8 and 3 ms: the median pass is
+        // the 3 ms one, and its iterations come with it.
+        let pass = |ms: u64, iterations: u64| {
+            let mut r = Row::new(
+                1000,
+                1,
+                1,
+                Duration::from_millis(ms),
+                &RowSamples::default(),
+            );
+            r.iterations = iterations;
+            r
+        };
+        let passes = vec![
+            pass(1, 10),
+            pass(4, 40),
+            pass(2, 20),
+            pass(8, 80),
+            pass(3, 30),
+        ];
+        let row = median_pass(passes);
+        assert_eq!(row.iterations, 30);
+        assert_eq!(row.passes, 5);
+        assert!((row.elapsed_s - 0.003).abs() < 1e-12);
+        // Of an even count, the lower middle: 1 and 2 ms of 4 and 8 ms.
+        let row = median_pass(vec![pass(1, 10), pass(8, 80), pass(2, 20), pass(4, 40)]);
+        assert_eq!(row.iterations, 40);
+        assert_eq!(median_pass(vec![pass(5, 50)]).iterations, 50);
     }
 }
