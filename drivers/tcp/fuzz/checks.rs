@@ -106,11 +106,11 @@ fn u64_at(b: &[u8; HEADER_LEN], at: usize) -> u64 {
 /// refusal, in the documented order (version, opcode, lane, then the
 /// opcode's length, then its unused fields).
 fn model(b: &[u8; HEADER_LEN], max_len: u32) -> Result<(), Refusal> {
-    if b[0] != 1 {
+    if b[0] != 2 {
         return Err(Refusal::Version);
     }
     let opcode = b[1];
-    if !(1..=9).contains(&opcode) {
+    if !(1..=10).contains(&opcode) {
         return Err(Refusal::Opcode);
     }
     if b[2] >= LANES {
@@ -125,8 +125,8 @@ fn model(b: &[u8; HEADER_LEN], max_len: u32) -> Result<(), Refusal> {
     let operand = u64_at(b, 40);
     let operand2 = u64_at(b, 48);
     let length_ok = match opcode {
-        // HELLO, HELLO_ACK, ACK, ATOMIC_DATA: no payload.
-        1 | 2 | 7 | 9 => len == 0,
+        // HELLO, HELLO_ACK, ACK, ATOMIC_DATA, BYE: no payload.
+        1 | 2 | 7 | 9 | 10 => len == 0,
         // PUT, GET, NOTIFY: up to the limit.
         3 | 4 | 6 => len <= max_len,
         // ATOMIC: one word.
@@ -148,6 +148,17 @@ fn model(b: &[u8; HEADER_LEN], max_len: u32) -> Result<(), Refusal> {
             (opcode == 7 && arg == 0 || opcode == 8 && arg <= LAST)
                 && status <= 0
                 && key == 0
+                && secret == 0
+                && addr == 0
+                && operand == 0
+                && operand2 == 0
+        }
+        // BYE: nothing but the lane.
+        10 => {
+            arg == 0
+                && u64_at(b, 8) == 0
+                && key == 0
+                && status == 0
                 && secret == 0
                 && addr == 0
                 && operand == 0
@@ -605,6 +616,7 @@ pub fn every_opcode() -> Vec<(&'static str, Header, Vec<u8>)> {
             },
             Vec::new(),
         ),
+        ("bye", Header::new(Opcode::Bye, 0), Vec::new()),
     ]
 }
 
@@ -642,8 +654,8 @@ pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         b[at] = value;
         malformed.push((name, b));
     };
-    poke("bad_version", 0, 2);
-    poke("bad_opcode", 1, 10);
+    poke("bad_version", 0, 1);
+    poke("bad_opcode", 1, 11);
     poke("bad_lane", 2, 64);
     poke("put_with_arg", 3, 1);
     poke("put_with_status", 20, 0xff);

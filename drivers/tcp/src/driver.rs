@@ -3,10 +3,10 @@
 
 use crate::lane::{Answers, Lane, Wants};
 use crate::send::{SendQueue, Sent};
-use crate::stream::{Broken, Reader};
+use crate::stream::{Broken, Handler, Reader, Stop};
 use crate::target::{Reg, Requests, Serve};
 use crate::uring::{self, BUF_GROUP, Tag, Uring, libc_errno};
-use crate::wire::{Address, Header, KeyBlob, Opcode};
+use crate::wire::{Address, DUPLEX_DEPTH, HEADER_LEN, Header, KeyBlob, Opcode};
 use crate::{Config, MAX_LEN};
 use io_uring::{cqueue, opcode, types};
 use nix::libc;
@@ -35,22 +35,33 @@ const MAX_FLUSHES: usize = 64;
 /// (a round stays bounded under a flood of incoming requests).
 const CQES_PER_POLL: usize = 256;
 
-/// What a connection is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Role {
-    /// Accepted from a peer: it carries the peer's requests to us.
-    Accepted,
-    /// Lane `lane` of our endpoint `ep`: it carries our requests.
-    Lane { ep: u32, lane: u8 },
-}
-
 /// One TCP connection. Boxed: the kernel holds pointers into it (the
 /// connect address, the send batches' msghdrs) while requests are in
 /// flight.
+///
+/// A connection carries our requests when it is a lane of one of our
+/// endpoints (`ours`), and the peer's requests once the peer greeted on it
+/// (`serve`); both at once when one side adopted the other's connection
+/// (see [`wire`](crate::wire), "Both ways on one connection").
 struct Conn {
     fd: OwnedFd,
     generation: u32,
-    role: Role,
+    /// Lane `.1` of our endpoint `.0` sends its requests here.
+    ours: Option<(u32, u8)>,
+    /// Some lane of ours used it: answers that still come after it let go
+    /// are dropped, not a protocol error.
+    had_ours: bool,
+    /// The peer opened it (we accepted it).
+    accepted: bool,
+    /// An accepted connection that a lane of ours took over: if it fails
+    /// before the lane is up, the lane opens a connection of its own.
+    adopted: bool,
+    /// The duplex rules are in force (both ways: answer room kept, the
+    /// lane's depth capped).
+    duplex: bool,
+    /// The peer's address, for an accepted connection (an adopted lane
+    /// must lead to the address the endpoint names).
+    peer_ip: Option<std::net::IpAddr>,
     reader: Reader,
     send: SendQueue,
     /// The peer's address, for the connect request.
@@ -126,7 +137,9 @@ impl std::fmt::Debug for Conn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Conn")
             .field("fd", &self.fd)
-            .field("role", &self.role)
+            .field("ours", &self.ours)
+            .field("accepted", &self.accepted)
+            .field("duplex", &self.duplex)
             .field("flying", &self.flying)
             .field("closing", &self.closing)
             .finish_non_exhaustive()
@@ -204,6 +217,61 @@ impl std::fmt::Debug for Tcp {
             .field("address", &self.address.socket)
             .field("uring", &self.uring)
             .finish_non_exhaustive()
+    }
+}
+
+/// The frames of one connection: the peer's requests go to the target
+/// side, answers to our lane's requests to the lane (dropped once our lane
+/// has let go of the connection).
+struct Frames<'a, 'b> {
+    requests: Requests<'a>,
+    answers: Option<Answers<'b>>,
+    /// A lane of ours used this connection: answers without a lane are
+    /// late ones, not a protocol error.
+    drop_answers: bool,
+}
+
+impl<'b> Frames<'_, 'b> {
+    fn answers(&mut self) -> Result<Option<&mut Answers<'b>>, Stop> {
+        match &mut self.answers {
+            Some(a) => Ok(Some(a)),
+            None if self.drop_answers => Ok(None),
+            None => Err(Stop::Fail(Broken::Protocol(
+                "a response on a target's connection",
+            ))),
+        }
+    }
+}
+
+impl Handler for Frames<'_, '_> {
+    fn header(&mut self, h: &Header) -> Result<(), Stop> {
+        if h.opcode.is_request() {
+            return self.requests.header(h);
+        }
+        match self.answers()? {
+            Some(a) => a.header(h),
+            None => Ok(()),
+        }
+    }
+
+    fn payload(&mut self, h: &Header, at: u32, bytes: &[u8]) -> Result<(), Stop> {
+        if h.opcode.is_request() {
+            return self.requests.payload(h, at, bytes);
+        }
+        match self.answers()? {
+            Some(a) => a.payload(h, at, bytes),
+            None => Ok(()),
+        }
+    }
+
+    fn end(&mut self, h: &Header) -> Result<(), Stop> {
+        if h.opcode.is_request() {
+            return self.requests.end(h);
+        }
+        match self.answers()? {
+            Some(a) => a.end(h),
+            None => Ok(()),
+        }
     }
 }
 
@@ -310,7 +378,7 @@ impl Tcp {
     }
 
     /// Puts a new connection in a free slot; returns the slot.
-    fn add_conn(&mut self, fd: OwnedFd, role: Role, peer: SockaddrStorage) -> u32 {
+    fn add_conn(&mut self, fd: OwnedFd, ours: Option<(u32, u8)>, peer: SockaddrStorage) -> u32 {
         let notify_size = self.notify.as_ref().map_or(0, |p| p.buffer_size() as usize);
         let slot = match self.free_conns.pop() {
             Some(slot) => slot,
@@ -325,12 +393,17 @@ impl Tcp {
         self.conns[slot as usize] = Some(Box::new(Conn {
             fd,
             generation,
-            role,
+            ours,
+            had_ours: ours.is_some(),
+            accepted: ours.is_none(),
+            adopted: false,
+            duplex: false,
+            peer_ip: None,
             reader: Reader::new(MAX_LEN),
             send: SendQueue::new(self.config.send_buffer, 1024),
             peer,
             flying: 0,
-            connected: role == Role::Accepted,
+            connected: ours.is_none(),
             recv_armed: false,
             listed: false,
             closing: false,
@@ -381,7 +454,10 @@ impl Tcp {
 
     /// Starts closing a connection: the kernel's requests on it end
     /// (shutdown, then cancel), and the slot is freed when the last one
-    /// has completed. A lane's endpoint fails with `status`.
+    /// has completed. A lane's endpoint fails with `status`, except a lane
+    /// on an adopted connection that is not up yet: it opens a connection
+    /// of its own instead (the peer closed its side before it saw our
+    /// HELLO).
     fn close_conn(&mut self, slot: u32, status: Status) {
         let Some(conn) = self
             .conns
@@ -395,7 +471,8 @@ impl Tcp {
         }
         conn.closing = true;
         conn.send.discard();
-        let role = conn.role;
+        let ours = conn.ours.take();
+        let adopted = conn.adopted;
         let generation = conn.generation;
         let fd = conn.fd.as_raw_fd();
         // Ends a receive and a send in progress at once.
@@ -408,10 +485,183 @@ impl Tcp {
             let _ = unsafe { self.uring.push(&entry) };
         }
         self.recycle_backlog(slot);
-        if let Role::Lane { ep, .. } = role {
-            self.fail_ep(ep, status);
+        if let Some((ep, lane)) = ours {
+            if !(adopted && self.reopen_lane(ep, lane)) {
+                self.fail_ep(ep, status);
+            }
         }
         self.maybe_free(slot);
+    }
+
+    /// Lane `lane` of connecting endpoint `e` lost the adopted connection
+    /// before its HELLO was answered: it opens its own. `false` if the lane
+    /// was up already, or the endpoint is not connecting, or no socket.
+    fn reopen_lane(&mut self, e: u32, lane: u8) -> bool {
+        let Some(ep) = self.eps.get(e as usize).and_then(Option::as_ref) else {
+            return false;
+        };
+        let up = ep.lanes.get(usize::from(lane)).is_none_or(|l| l.up);
+        if up || !matches!(ep.state, EpState::Connecting(_)) {
+            return false;
+        }
+        let (peer, lanes) = (ep.peer, ep.lanes.len() as u8);
+        match self.open_lane(e, lane, lanes, &peer) {
+            Ok(slot) => {
+                tracing::debug!(
+                    ep = e,
+                    lane,
+                    "tcp: adopted connection lost; lane reconnects"
+                );
+                let depth = self.config.depth;
+                if let Some(l) = self.ep_lane(e, lane) {
+                    *l = Lane::new(slot, depth);
+                }
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    fn ep_lane(&mut self, e: u32, lane: u8) -> Option<&mut Lane> {
+        self.eps
+            .get_mut(e as usize)?
+            .as_mut()?
+            .lanes
+            .get_mut(usize::from(lane))
+    }
+
+    /// Opens connection `lane` of endpoint `e` (of `lanes`) to `peer`: the
+    /// socket, the connect, and the HELLO that follows it.
+    fn open_lane(
+        &mut self,
+        e: u32,
+        lane: u8,
+        lanes: u8,
+        peer: &Address,
+    ) -> Result<u32, DriverError> {
+        let family = match peer.socket {
+            SocketAddr::V4(_) => AddressFamily::Inet,
+            SocketAddr::V6(_) => AddressFamily::Inet6,
+        };
+        let fd = socket::socket(family, SockType::Stream, SockFlag::SOCK_CLOEXEC, None)
+            .map_err(|e| io_err("socket", e))?;
+        tune(&fd, self.config.timeout)?;
+        let slot = self.add_conn(fd, Some((e, lane)), SockaddrStorage::from(peer.socket));
+        self.queue_hello(slot, e, lane, lanes, peer.instance);
+        let conn = self.conns[slot as usize]
+            .as_deref_mut()
+            .expect("just added");
+        let entry = opcode::Connect::new(
+            types::Fd(conn.fd.as_raw_fd()),
+            conn.peer.as_ptr(),
+            conn.peer.len(),
+        )
+        .build()
+        .user_data(uring::user_data(Tag::Connect, slot, conn.generation));
+        // SAFETY: the address lives in the boxed connection, which is
+        // freed only after this request completes (`flying`).
+        if unsafe { self.uring.push(&entry) }.is_ok() {
+            conn.flying += 1;
+        }
+        Ok(slot)
+    }
+
+    /// An accepted connection from the worker at `peer` that a new lane
+    /// can carry its requests on (see [`wire`](crate::wire), "Both ways
+    /// on one connection"): greeted by that instance, from that address,
+    /// not a lane of ours already, and not paused answering.
+    fn adoptable(&self, peer: &Address) -> Option<u32> {
+        let fits = |c: &Conn| {
+            c.accepted
+                && !c.had_ours
+                && !c.closing
+                && c.serve.serving()
+                && c.serve.peer_instance == peer.instance
+                && c.peer_ip == Some(peer.socket.ip())
+                && !c.serve.answering_get()
+                && c.backlog.is_empty()
+        };
+        self.conns
+            .iter()
+            .position(|c| c.as_deref().is_some_and(fits))
+            .map(|slot| slot as u32)
+    }
+
+    /// Queues the HELLO of lane `lane` (of `lanes`) of endpoint `e` on
+    /// `slot`, sent once the connection is established.
+    fn queue_hello(&mut self, slot: u32, e: u32, lane: u8, lanes: u8, instance: u64) {
+        let hello = Header {
+            arg: lanes,
+            seq: self.address.instance,
+            addr: u64::from(e),
+            operand: instance,
+            ..Header::new(Opcode::Hello, lane)
+        };
+        let Some(conn) = self.conns[slot as usize].as_deref_mut() else {
+            return;
+        };
+        // Room for it is kept on an adopted connection (its reserve); a new
+        // one is empty.
+        let queued = conn.send.push_copy(&[&hello.encode()]);
+        debug_assert!(queued, "a HELLO fits");
+        Self::want_send(&mut self.to_send, slot, conn);
+    }
+
+    /// Lets go of `slot` as a lane of ours (its endpoint failed or was
+    /// released): if the peer still sends requests on it, we say BYE and
+    /// go on serving; else it closes.
+    fn release_conn(&mut self, slot: u32, status: Status) {
+        let Some(conn) = self
+            .conns
+            .get_mut(slot as usize)
+            .and_then(|c| c.as_deref_mut())
+        else {
+            return;
+        };
+        if conn.closing || conn.ours.is_none() {
+            return;
+        }
+        conn.ours = None;
+        let bye = Header::new(Opcode::Bye, 0).encode();
+        if conn.serve.serving() && conn.send.push_copy(&[&bye]) {
+            Self::want_send(&mut self.to_send, slot, conn);
+        } else {
+            self.close_conn(slot, status);
+        }
+    }
+
+    /// After a change on `slot`: the duplex rules come into force once it
+    /// carries requests both ways, and a connection that carries none any
+    /// more closes.
+    fn settle(&mut self, slot: u32) {
+        let Tcp { conns, eps, .. } = self;
+        let Some(conn) = conns.get_mut(slot as usize).and_then(|c| c.as_deref_mut()) else {
+            return;
+        };
+        if conn.closing {
+            return;
+        }
+        match conn.ours {
+            Some((e, lane)) if conn.serve.greeted && !conn.duplex => {
+                conn.duplex = true;
+                // Answers to every request the peer may keep in flight, its
+                // HELLO_ACK, a held ACK and our BYE.
+                conn.send.reserve_answers(DUPLEX_DEPTH + 3, HEADER_LEN);
+                let lane = eps
+                    .get_mut(e as usize)
+                    .and_then(Option::as_mut)
+                    .and_then(|ep| ep.lanes.get_mut(usize::from(lane)));
+                if let Some(lane) = lane {
+                    lane.make_duplex();
+                }
+                tracing::debug!(slot, "tcp: connection carries requests both ways");
+            }
+            None if conn.serve.ended || (conn.had_ours && !conn.serve.serving()) => {
+                // Neither side sends requests on it any more.
+                self.close_conn(slot, Status::Canceled);
+            }
+            _ => {}
+        }
     }
 
     fn recycle_backlog(&mut self, slot: u32) {
@@ -465,8 +715,10 @@ impl Tcp {
             ep.listed = true;
             self.answered.push(e);
         }
+        // The failing connection is closing already; the others close, or
+        // go on carrying the peer's requests (BYE).
         for slot in conns {
-            self.close_conn(slot, status);
+            self.release_conn(slot, status);
         }
     }
 
@@ -501,8 +753,18 @@ impl Tcp {
             tracing::debug!(%e, "tcp: accepted connection dropped");
             return;
         }
+        let peer_ip = socket::getpeername::<SockaddrStorage>(fd.as_raw_fd())
+            .ok()
+            .and_then(|a| {
+                a.as_sockaddr_in()
+                    .map(|v4| std::net::IpAddr::V4(v4.ip()))
+                    .or_else(|| a.as_sockaddr_in6().map(|v6| std::net::IpAddr::V6(v6.ip())))
+            });
         let peer = SockaddrStorage::from(std::net::SocketAddr::from(([0, 0, 0, 0], 0)));
-        let slot = self.add_conn(fd, Role::Accepted, peer);
+        let slot = self.add_conn(fd, None, peer);
+        if let Some(conn) = self.conns[slot as usize].as_deref_mut() {
+            conn.peer_ip = peer_ip;
+        }
         self.arm_recv(slot);
     }
 
@@ -550,7 +812,7 @@ impl Tcp {
             }
         }
         // Room freed: a paused reader (answers waiting for room) goes on.
-        if conn.role == Role::Accepted {
+        if conn.accepted || conn.serve.greeted {
             self.drain(slot);
         }
         if let Some(conn) = self.conns[slot as usize].as_deref_mut() {
@@ -646,8 +908,12 @@ impl Tcp {
         else {
             return;
         };
+        // Only a PUT's payload: the reader may have moved on to an answer's
+        // (GET data for a lane of ours) since the multishot was stopped.
         let target = match (conn.reader.in_payload(), conn.serve.write_target()) {
-            (Some((h, at)), Some(addr)) if conn.backlog.is_empty() => Some((h, at, addr)),
+            (Some((h, at)), Some(addr)) if conn.backlog.is_empty() && h.opcode == Opcode::Put => {
+                Some((h, at, addr))
+            }
             _ => None,
         };
         let Some((h, at, addr)) = target else {
@@ -732,101 +998,98 @@ impl Tcp {
         };
         let mut broken: Option<Broken> = None;
         let mut refused = None;
-        match conn.role {
-            Role::Accepted => {
-                let mut handler = Requests {
-                    serve: &mut conn.serve,
-                    send: &mut conn.send,
-                    regs,
-                    notify: notify.as_deref(),
-                    instance: address.instance,
-                };
-                let placed = std::mem::take(&mut conn.placed);
-                if placed > 0 {
-                    if let Err(b) = conn.reader.advance(placed, &mut handler) {
-                        broken = Some(b);
+        let mut progressed = false;
+        // Our lane's answers, if a lane of ours sends on this connection.
+        let ours = conn.ours.and_then(|(e, lane)| {
+            let endpoint = eps.get_mut(e as usize)?.as_mut()?;
+            let instance = endpoint.peer.instance;
+            Some((e, endpoint.lanes.get_mut(usize::from(lane))?, instance))
+        });
+        let ours_ep = ours.as_ref().map(|&(e, _, _)| e);
+        let mut handler = Frames {
+            requests: Requests {
+                serve: &mut conn.serve,
+                send: &mut conn.send,
+                regs,
+                notify: notify.as_deref(),
+                instance: address.instance,
+                // A lane of ours sends here: whatever the peer asks comes
+                // on a connection that carries requests both ways.
+                duplex: conn.duplex || conn.ours.is_some(),
+            },
+            answers: ours.map(|(_, lane, instance)| Answers {
+                lane,
+                instance,
+                refused: &mut refused,
+                progressed: &mut progressed,
+            }),
+            drop_answers: conn.had_ours,
+        };
+        let placed = std::mem::take(&mut conn.placed);
+        if placed > 0 {
+            if let Err(b) = conn.reader.advance(placed, &mut handler) {
+                broken = Some(b);
+            }
+        }
+        // A frame paused earlier goes first.
+        let mut go = broken.is_none() && handler.requests.pump_get();
+        if go {
+            match conn.reader.feed(&[], &mut handler) {
+                Ok(_) => {}
+                Err(b) => broken = Some(b),
+            }
+        }
+        while go && broken.is_none() {
+            let Some(&mut (bid, len, ref mut taken)) = conn.backlog.front_mut() else {
+                break;
+            };
+            let data = uring.buffer(bid, len as usize).unwrap_or_default();
+            let rest = data.get(*taken as usize..).unwrap_or_default();
+            match conn.reader.feed(rest, &mut handler) {
+                Ok(n) => {
+                    *taken += n as u32;
+                    if *taken >= len {
+                        conn.backlog.pop_front();
+                        recycled.push(bid);
+                    } else {
+                        go = false; // paused: waits for send room
                     }
                 }
-                // A frame paused earlier goes first.
-                let mut go = broken.is_none() && handler.pump_get();
-                if go {
-                    match conn.reader.feed(&[], &mut handler) {
-                        Ok(_) => {}
-                        Err(b) => broken = Some(b),
-                    }
-                }
-                while go && broken.is_none() {
-                    let Some(&mut (bid, len, ref mut taken)) = conn.backlog.front_mut() else {
-                        break;
-                    };
-                    let data = uring.buffer(bid, len as usize).unwrap_or_default();
-                    let rest = data.get(*taken as usize..).unwrap_or_default();
-                    match conn.reader.feed(rest, &mut handler) {
-                        Ok(n) => {
-                            *taken += n as u32;
-                            if *taken >= len {
-                                conn.backlog.pop_front();
-                                recycled.push(bid);
-                            } else {
-                                go = false; // paused: waits for send room
-                            }
-                        }
-                        Err(b) => broken = Some(b),
-                    }
-                }
-                // Answers with data are queued already; the ACK of what this
-                // round took waits for the next round's commit (AckHold).
-                if conn.serve.ack_pending() && conn.ack == AckHold::None {
-                    conn.ack = AckHold::Fresh;
-                    held_acks.push(slot);
-                }
-                // Inside a large PUT's payload: the rest goes straight into
-                // the window once the multishot receive has stopped.
-                if let Some((h, at)) = conn.reader.in_payload() {
-                    let big = h.len - at >= config.direct_min;
-                    if big
-                        && conn.direct == Direct::Off
-                        && conn.recv_armed
-                        && conn.serve.write_target().is_some()
-                    {
-                        let recv = uring::user_data(Tag::Recv, slot, conn.generation);
-                        let entry = opcode::AsyncCancel::new(recv)
-                            .build()
-                            .user_data(uring::user_data(Tag::Cancel, slot, conn.generation));
-                        // SAFETY: a cancellation names no memory.
-                        if unsafe { uring.push(&entry) }.is_ok() {
-                            conn.direct = Direct::Stopping;
-                        }
-                    }
+                Err(b) => broken = Some(b),
+            }
+        }
+        // Answers with data are queued already; the ACK of what this round
+        // took waits for the next round's commit (AckHold).
+        if conn.serve.ack_pending() && conn.ack == AckHold::None {
+            conn.ack = AckHold::Fresh;
+            held_acks.push(slot);
+        }
+        // Inside a large PUT's payload: the rest goes straight into the
+        // window once the multishot receive has stopped.
+        if let Some((h, at)) = conn.reader.in_payload() {
+            let big = h.opcode == Opcode::Put && h.len - at >= config.direct_min;
+            if big
+                && conn.direct == Direct::Off
+                && conn.recv_armed
+                && conn.serve.write_target().is_some()
+            {
+                let recv = uring::user_data(Tag::Recv, slot, conn.generation);
+                let entry = opcode::AsyncCancel::new(recv)
+                    .build()
+                    .user_data(uring::user_data(Tag::Cancel, slot, conn.generation));
+                // SAFETY: a cancellation names no memory.
+                if unsafe { uring.push(&entry) }.is_ok() {
+                    conn.direct = Direct::Stopping;
                 }
             }
-            Role::Lane { ep, lane } => {
-                let Some(endpoint) = eps.get_mut(ep as usize).and_then(Option::as_mut) else {
-                    return;
-                };
-                let mut progressed = false;
-                let Some(l) = endpoint.lanes.get_mut(usize::from(lane)) else {
-                    return;
-                };
-                let mut handler = Answers {
-                    lane: l,
-                    instance: endpoint.peer.instance,
-                    refused: &mut refused,
-                    progressed: &mut progressed,
-                };
-                while let Some((bid, len, _)) = conn.backlog.pop_front() {
-                    let data = uring.buffer(bid, len as usize).unwrap_or_default();
-                    let result = conn.reader.feed(data, &mut handler);
-                    recycled.push(bid);
-                    if let Err(b) = result {
-                        broken = Some(b);
-                        break;
-                    }
-                }
-                // A failed endpoint was listed when it failed.
+        }
+        if let Some(e) = ours_ep {
+            let endpoint = eps.get_mut(e as usize).and_then(Option::as_mut);
+            // A failed endpoint was listed when it failed.
+            if let Some(endpoint) = endpoint {
                 if progressed && !endpoint.listed && !matches!(endpoint.state, EpState::Failed(_)) {
                     endpoint.listed = true;
-                    answered.push(ep);
+                    answered.push(e);
                 }
             }
         }
@@ -837,6 +1100,8 @@ impl Tcp {
             self.close_conn(slot, Status::Transport);
         } else if let Some(status) = refused {
             self.close_conn(slot, status);
+        } else {
+            self.settle(slot);
         }
     }
 
@@ -938,9 +1203,11 @@ impl Tcp {
         }
     }
 
-    /// Ends every direct receive into registration `key` and waits until
-    /// the kernel has let go of it.
+    /// Ends every direct receive into registration `key`, lets every send
+    /// of GET data straight from a window finish, and waits until the
+    /// kernel has let go of it.
     fn quiesce_key(&mut self, key: u32) {
+        self.quiesce_windows();
         let receiving = |c: &Option<Box<Conn>>| {
             c.as_deref()
                 .is_some_and(|c| c.direct == Direct::Receiving { key } && c.flying > 0)
@@ -963,6 +1230,50 @@ impl Tcp {
         while slots.iter().any(|&s| receiving(&self.conns[s as usize])) {
             if Instant::now() > deadline || self.uring.submit_and_wait().is_err() {
                 tracing::error!("tcp: a canceled receive did not end");
+                break;
+            }
+            while let Some(cqe) = self.uring.next(false) {
+                self.handle(&cqe);
+            }
+        }
+    }
+
+    /// Waits (bounded) until no connection sends GET data straight from a
+    /// window; one whose peer does not take it within the timeout closes.
+    /// Conservative: it waits for any window, not only the one going.
+    fn quiesce_windows(&mut self) {
+        // A closing connection holds the window while its canceled send is
+        // still in the kernel.
+        let holding = |c: &Option<Box<Conn>>| {
+            c.as_deref()
+                .is_some_and(|c| c.send.holds_window() && (c.flying > 0 || !c.closing))
+        };
+        let mut deadline = Instant::now() + self.config.timeout;
+        let mut closed = false;
+        while self.conns.iter().any(holding) {
+            self.start_sends();
+            let late = Instant::now() > deadline;
+            if late && closed {
+                tracing::error!("tcp: a canceled send of GET data did not end");
+                break;
+            }
+            if late {
+                let slots: Vec<u32> = (0..self.conns.len() as u32)
+                    .filter(|&s| holding(&self.conns[s as usize]))
+                    .collect();
+                for slot in slots {
+                    tracing::debug!(slot, "tcp: GET data not taken; connection closed");
+                    self.close_conn(slot, Status::Transport);
+                }
+                closed = true;
+                deadline = Instant::now() + Duration::from_secs(10);
+                continue;
+            }
+            if self
+                .uring
+                .submit_and_wait_for(Duration::from_millis(100))
+                .is_err()
+            {
                 break;
             }
             while let Some(cqe) = self.uring.next(false) {
@@ -1025,7 +1336,7 @@ impl Tcp {
             conns
                 .get(slot as usize)
                 .and_then(|c| c.as_deref())
-                .is_some_and(|c| c.role == Role::Accepted)
+                .is_some_and(|c| c.ours.is_none())
         });
         to_send.retain(|&slot| {
             let Some(conn) = conns.get_mut(slot as usize).and_then(|c| c.as_deref_mut()) else {
@@ -1130,42 +1441,35 @@ impl Driver for Tcp {
                 self.eps.len() - 1
             }
         } as u32;
-        let family = match address.socket {
-            SocketAddr::V4(_) => AddressFamily::Inet,
-            SocketAddr::V6(_) => AddressFamily::Inet6,
-        };
         let mut slots = Vec::with_capacity(usize::from(lanes));
         for lane in 0..lanes {
-            let fd = socket::socket(family, SockType::Stream, SockFlag::SOCK_CLOEXEC, None)
-                .map_err(|e| io_err("socket", e));
-            let fd = match fd.and_then(|fd| tune(&fd, self.config.timeout).map(|()| fd)) {
-                Ok(fd) => fd,
-                Err(e) => {
+            if let Some(slot) = self.adoptable(&address) {
+                let conn = self.conns[slot as usize].as_deref_mut().expect("adoptable");
+                conn.ours = Some((e, lane));
+                conn.had_ours = true;
+                conn.adopted = true;
+                self.queue_hello(slot, e, lane, lanes, address.instance);
+                slots.push(slot);
+                continue;
+            }
+            match self.open_lane(e, lane, lanes, &address) {
+                Ok(slot) => slots.push(slot),
+                Err(error) => {
+                    // Nothing of the endpoint stays: opened connections
+                    // close, adopted ones go back to serving only.
                     for slot in slots {
-                        self.conns[slot as usize] = None;
-                        self.free_conns.push(slot);
+                        let conn = self.conns[slot as usize].as_deref_mut();
+                        if let Some(conn) = conn.filter(|c| c.adopted) {
+                            conn.ours = None;
+                            conn.had_ours = false;
+                            conn.adopted = false;
+                        } else {
+                            self.close_conn(slot, Status::Canceled);
+                        }
                     }
-                    return Err(e);
+                    return Err(error);
                 }
-            };
-            let slot = self.add_conn(
-                fd,
-                Role::Lane { ep: e, lane },
-                SockaddrStorage::from(address.socket),
-            );
-            let conn = self.conns[slot as usize]
-                .as_deref_mut()
-                .expect("just added");
-            let hello = Header {
-                arg: lanes,
-                seq: self.address.instance,
-                addr: u64::from(e),
-                operand: address.instance,
-                ..Header::new(Opcode::Hello, lane)
-            };
-            let queued = conn.send.push_copy(&[&hello.encode()]);
-            debug_assert!(queued, "an empty batch takes a header");
-            slots.push(slot);
+            }
         }
         let depth = self.config.depth;
         self.eps[e as usize] = Some(Ep {
@@ -1177,27 +1481,8 @@ impl Driver for Tcp {
             released: false,
         });
         for &slot in &slots {
-            let conn = self.conns[slot as usize]
-                .as_deref_mut()
-                .expect("just added");
-            let entry = opcode::Connect::new(
-                types::Fd(conn.fd.as_raw_fd()),
-                conn.peer.as_ptr(),
-                conn.peer.len(),
-            )
-            .build()
-            .user_data(uring::user_data(Tag::Connect, slot, conn.generation));
-            // SAFETY: the address lives in the boxed connection, which is
-            // freed only after this request completes (`flying`).
-            if unsafe { self.uring.push(&entry) }.is_ok() {
-                conn.flying += 1;
-            }
-            // The HELLO follows the connect (linked order is not needed:
-            // it is sent once the connect completed, at a commit).
-            Self::want_send(&mut self.to_send, slot, conn);
+            self.settle(slot);
         }
-        // The sends wait for their connects: hold them off the list until
-        // then (see `commit`).
         self.uring
             .submit()
             .map_err(|e| io_err("io_uring submit", e))?;
@@ -1311,12 +1596,25 @@ impl Driver for Tcp {
         if !lane.has_room() {
             return Posted::NoResource;
         }
+        // Both ways on one connection: a write waits for the GETs before
+        // it, and leaves the room kept for answers (see `wire`).
+        if lane.duplex && op.kind != OpKind::Get && lane.write_waits() {
+            return Posted::NoResource;
+        }
         let Some(conn) = conns
             .get_mut(lane.conn as usize)
             .and_then(|c| c.as_deref_mut())
         else {
             return Posted::Done(Err(Status::PeerUnreachable));
         };
+        let staged = match op.kind {
+            OpKind::Put if op.len <= COPY_MAX => op.len as usize,
+            OpKind::Notify => op.len as usize,
+            _ => 0,
+        };
+        if conn.duplex && !conn.send.request_room(HEADER_LEN + staged) {
+            return Posted::NoResource;
+        }
         let mut h = Header {
             len: op.len,
             seq: lane.next_seq(),

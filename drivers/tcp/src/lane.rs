@@ -9,7 +9,7 @@
 //! fails the endpoint.
 
 use crate::stream::{Broken, Handler, Stop};
-use crate::wire::{Header, LAST, Opcode};
+use crate::wire::{DUPLEX_DEPTH, Header, LAST, Opcode};
 use ringfence::{Completion, Token, peer_mem};
 use ringfence_ring::Status;
 use std::collections::VecDeque;
@@ -51,6 +51,15 @@ pub(crate) struct Lane {
     /// Flushes waiting on this lane: (flush slot, sequence number of the
     /// last request they cover).
     pub(crate) marks: VecDeque<(u32, u64)>,
+    /// Requests in flight at most (the depth; [`DUPLEX_DEPTH`] at most once
+    /// the connection carries requests both ways).
+    limit: usize,
+    /// Whether the connection carries requests both ways (see [`wire`]).
+    ///
+    /// [`wire`]: crate::wire
+    pub(crate) duplex: bool,
+    /// Sequence number of the last GET sent, if any.
+    last_get: Option<u64>,
 }
 
 impl Lane {
@@ -64,7 +73,30 @@ impl Lane {
             answered: 0,
             up: false,
             marks: VecDeque::with_capacity(depth.min(64)),
+            limit: depth,
+            duplex: false,
+            last_get: None,
         }
+    }
+
+    /// The connection now carries requests both ways: at most
+    /// [`DUPLEX_DEPTH`] requests in flight from now on, and writes wait
+    /// for the GETs before them ([`Lane::write_waits`]).
+    pub(crate) fn make_duplex(&mut self) {
+        self.duplex = true;
+        self.limit = self.limit.min(DUPLEX_DEPTH);
+    }
+
+    /// Whether a PUT, NOTIFY or ATOMIC must wait: on a lane that carries
+    /// requests both ways, a GET before it is unanswered (the target sends
+    /// GET data from its window as it goes; see [`wire`]).
+    ///
+    /// [`wire`]: crate::wire
+    pub(crate) fn write_waits(&self) -> bool {
+        self.duplex
+            && self
+                .last_get
+                .is_some_and(|seq| seq >= self.head_seq + self.answered as u64)
     }
 
     /// The sequence number the next request gets.
@@ -74,12 +106,15 @@ impl Lane {
 
     /// Whether a request more fits.
     pub(crate) fn has_room(&self) -> bool {
-        self.pending.len() < self.pending.capacity()
+        self.pending.len() < self.limit
     }
 
     /// Records a sent request; returns its sequence number.
     pub(crate) fn push(&mut self, token: Token, wants: Wants) -> u64 {
         let seq = self.next_seq();
+        if matches!(wants, Wants::Data { .. }) {
+            self.last_get = Some(seq);
+        }
         self.pending.push_back(Pending {
             token,
             wants,

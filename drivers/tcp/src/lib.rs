@@ -7,6 +7,20 @@
 //!   connections to the peer (default 1, for latency; more for bandwidth).
 //!   Each lane is ordered: the target takes a lane's requests in the order
 //!   they were sent and answers them in that order.
+//! - **Both ways on one connection.** A worker that connects back to a
+//!   worker which already has an endpoint to it takes that endpoint's
+//!   connections for its own lanes, where they come from the address it
+//!   connects to: each connection then carries requests both ways, and TCP's
+//!   acknowledgements ride on data instead of travelling as segments of
+//!   their own (a ping-pong's 4 segments per round trip become 2; 8-byte
+//!   one-way latency 7.5 → 6.6 µs on loopback). On such a lane at most
+//!   256 requests are in flight, room for the peer's answers is kept in
+//!   the send batches, GET data goes straight from the window, and a PUT,
+//!   NOTIFY or ATOMIC waits for the GETs before it on the lane, so that
+//!   neither side's reader ever waits for room to answer while the other's
+//!   does (see [`wire`], "Both ways on one connection"). Either side may
+//!   close its endpoint first; the connection stays while the other uses
+//!   it (BYE).
 //! - **The target executes.** PUT, GET, atomics and NOTIFY are carried out
 //!   by the target's own progress against its registered memory, after
 //!   checking the registration id, its secret and the bounds. **The target

@@ -19,6 +19,8 @@ struct Batch {
     first: usize,
     /// Bytes in the batch.
     total: usize,
+    /// Iovecs over a target's window (GET data sent by reference).
+    window_refs: usize,
     msg: libc::msghdr,
 }
 
@@ -30,6 +32,7 @@ impl Batch {
             iovs: Vec::with_capacity(iovs),
             first: 0,
             total: 0,
+            window_refs: 0,
             // SAFETY: an all-zero msghdr is a valid empty one.
             msg: unsafe { std::mem::zeroed() },
         })
@@ -44,6 +47,7 @@ impl Batch {
         self.iovs.clear();
         self.first = 0;
         self.total = 0;
+        self.window_refs = 0;
     }
 
     /// Appends an iovec over `[base, base + len)`, merged with the last one
@@ -98,6 +102,10 @@ pub(crate) struct SendQueue {
     open: usize,
     /// The other batch is in the kernel.
     flying: bool,
+    /// Room of the filling batch that requests may not take: (bytes,
+    /// iovecs) kept for answers on a connection that carries requests both
+    /// ways.
+    reserve: (usize, usize),
 }
 
 // SAFETY: the raw pointers in the iovecs and msghdrs point into the
@@ -130,7 +138,31 @@ impl SendQueue {
             batches: [Batch::new(bytes, iovs), Batch::new(bytes, iovs)],
             open: 0,
             flying: false,
+            reserve: (0, 0),
         }
+    }
+
+    /// Keeps room for `answers` answers (a header and a reference each)
+    /// in the filling batch, which requests may not take
+    /// ([`SendQueue::request_room`]).
+    pub(crate) fn reserve_answers(&mut self, answers: usize, header: usize) {
+        self.reserve = (answers * header, 2 * answers);
+    }
+
+    /// Whether a request of `bytes` staging bytes and up to two iovecs fits
+    /// beside the room kept for answers.
+    pub(crate) fn request_room(&self, bytes: usize) -> bool {
+        let b = &self.batches[self.open];
+        let (keep_bytes, keep_iovs) = self.reserve;
+        b.iovs.len() + 2 + keep_iovs <= b.iovs.capacity()
+            && b.used + bytes + keep_bytes <= b.buf.len()
+    }
+
+    /// Whether a batch queued or in flight sends bytes straight from a
+    /// window ([`SendQueue::push_window`]).
+    pub(crate) fn holds_window(&self) -> bool {
+        let flying = self.flying && self.batches[self.open ^ 1].window_refs > 0;
+        flying || self.batches[self.open].window_refs > 0
     }
 
     fn open(&mut self) -> &mut Batch {
@@ -214,6 +246,23 @@ impl SendQueue {
         true
     }
 
+    /// Queues `header`, then `len` bytes of a target's window at `addr`
+    /// sent from where they are (GET data); `false` (nothing queued) if
+    /// there is no room. Counted: [`SendQueue::holds_window`] says whether
+    /// a window must stay until a send completes.
+    ///
+    /// # Safety
+    /// `[addr, addr + len)` stays readable until this batch's send has
+    /// completed (deregistering the window waits for it).
+    pub(crate) unsafe fn push_window(&mut self, header: &[u8], addr: u64, len: usize) -> bool {
+        // SAFETY: the caller's promise.
+        if !unsafe { self.push_ref(header, addr, len) } {
+            return false;
+        }
+        self.open().window_refs += 1;
+        true
+    }
+
     /// Starts sending the filled batch if nothing is in flight: returns
     /// its msghdr, valid until the send completes.
     pub(crate) fn start(&mut self) -> Option<*const libc::msghdr> {
@@ -291,6 +340,51 @@ mod tests {
         assert_eq!(read_all(rest), b"23456789abcdefH3xyz");
         assert_eq!(q.sent(19), Sent::Done);
         assert_eq!(read_all(q.start().unwrap()), b"next");
+    }
+
+    #[test]
+    fn requests_leave_the_room_kept_for_answers() {
+        let mut q = SendQueue::new(1000, 16);
+        q.reserve_answers(2, 100);
+        // 200 bytes and 4 iovecs are kept: 800 bytes for requests.
+        assert!(q.request_room(800));
+        assert!(!q.request_room(801));
+        assert!(q.push_copy(&[&[1u8; 700]]));
+        assert!(!q.request_room(101));
+        // Answers may take the kept room.
+        assert!(q.push_copy(&[&[2u8; 300]]));
+        assert_eq!(q.room(), 0);
+        // Iovecs are kept too: 12 separate ones leave 4 of 16, fewer than
+        // a request's 2 and the 4 kept.
+        let mut q = SendQueue::new(1 << 20, 16);
+        q.reserve_answers(2, 100);
+        let data = [0u8; 4];
+        for _ in 0..6 {
+            // SAFETY: `data` outlives `q`'s use here (nothing is sent).
+            assert!(unsafe { q.push_ref(b"h", data.as_ptr() as u64, 4) });
+        }
+        assert!(!q.request_room(1));
+        assert!(q.room() > 0);
+    }
+
+    #[test]
+    fn window_references_are_counted_until_their_send_completes() {
+        let mut q = SendQueue::new(1024, 8);
+        let window = [9u8; 32];
+        assert!(!q.holds_window());
+        // SAFETY: `window` outlives every send below.
+        assert!(unsafe { q.push_window(b"H", window.as_ptr() as u64, 32) });
+        assert!(q.holds_window());
+        let msg = q.start().unwrap();
+        assert_eq!(read_all(msg).len(), 33);
+        assert!(q.holds_window(), "in flight");
+        assert!(q.push_copy(&[b"x"]));
+        assert_eq!(q.sent(33), Sent::Done);
+        assert!(!q.holds_window());
+        // A reference queued but not sent holds the window too.
+        // SAFETY: as above.
+        assert!(unsafe { q.push_window(b"H", window.as_ptr() as u64, 32) });
+        assert!(q.holds_window());
     }
 
     #[test]

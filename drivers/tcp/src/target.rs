@@ -69,6 +69,10 @@ enum Sink {
 pub(crate) struct Serve {
     /// The HELLO arrived and was answered.
     pub(crate) greeted: bool,
+    /// The peer's instance, from its HELLO.
+    pub(crate) peer_instance: u64,
+    /// The peer sent BYE: it sends no more requests.
+    pub(crate) ended: bool,
     sink: Sink,
     /// The highest successful PUT/NOTIFY not yet acknowledged: (lane, seq).
     ack: Option<(u8, u64)>,
@@ -83,6 +87,8 @@ impl Serve {
     pub(crate) fn new(notify_size: usize) -> Serve {
         Serve {
             greeted: false,
+            peer_instance: 0,
+            ended: false,
             sink: Sink::Drop(Status::InvalidArgument),
             ack: None,
             get: None,
@@ -92,6 +98,17 @@ impl Serve {
 }
 
 impl Serve {
+    /// Whether the peer sends requests on this connection (it greeted and
+    /// has not said BYE).
+    pub(crate) fn serving(&self) -> bool {
+        self.greeted && !self.ended
+    }
+
+    /// Whether a GET is being answered in pieces (through staging).
+    pub(crate) fn answering_get(&self) -> bool {
+        self.get.is_some()
+    }
+
     /// Where the current PUT's payload is written, if it passed the checks:
     /// the address of its first byte.
     pub(crate) fn write_target(&self) -> Option<u64> {
@@ -113,6 +130,11 @@ pub(crate) struct Requests<'a> {
     pub(crate) notify: Option<&'a NotifyPool>,
     /// This worker's instance (HELLO must name it).
     pub(crate) instance: u64,
+    /// The connection carries requests both ways: GET data goes straight
+    /// from the window, and room for answers is kept (see [`wire`]).
+    ///
+    /// [`wire`]: crate::wire
+    pub(crate) duplex: bool,
 }
 
 impl Serve {
@@ -203,6 +225,33 @@ impl Requests<'_> {
         }
     }
 
+    /// Answers a GET (checked) with one GET_DATA frame whose data the
+    /// kernel reads from the window as it sends: no staging, so the answer
+    /// never waits for room beyond a header (connections that carry
+    /// requests both ways; see [`wire`]).
+    ///
+    /// [`wire`]: crate::wire
+    fn get_by_reference(&mut self, h: &Header) -> Result<(), Stop> {
+        if !self.flush_ack() {
+            return Err(Stop::Pause);
+        }
+        let piece = Header {
+            seq: h.seq,
+            len: h.len,
+            arg: LAST,
+            ..Header::new(Opcode::GetData, h.lane)
+        };
+        // SAFETY: `[addr, addr + len)` lies inside a live registration
+        // (checked by the caller); deregistering it waits until no queued
+        // or flying batch sends from a window (`holds_window`, the
+        // driver's `quiesce`).
+        let queued = unsafe {
+            self.send
+                .push_window(&piece.encode(), h.addr, h.len as usize)
+        };
+        if queued { Ok(()) } else { Err(Stop::Pause) }
+    }
+
     /// Answers an ATOMIC.
     fn atomic(&mut self, h: &Header) -> Result<(), Stop> {
         if self.send.room() < 2 * HEADER_LEN {
@@ -262,6 +311,21 @@ impl Handler for Requests<'_> {
                 "a response on a target's connection",
             )));
         }
+        if h.opcode == Opcode::Bye {
+            if !self.serve.greeted {
+                return Err(Stop::Fail(Broken::Protocol("a BYE before HELLO")));
+            }
+            if self.serve.ended {
+                return Err(Stop::Fail(Broken::Protocol("a second BYE")));
+            }
+            // Answers already queued keep their order; a held ACK goes at
+            // the next commit as usual.
+            self.serve.ended = true;
+            return Ok(());
+        }
+        if self.serve.ended {
+            return Err(Stop::Fail(Broken::Protocol("a request after BYE")));
+        }
         if h.opcode == Opcode::Hello {
             if self.serve.greeted {
                 return Err(Stop::Fail(Broken::Protocol("a second HELLO")));
@@ -284,6 +348,9 @@ impl Handler for Requests<'_> {
                 return Err(Stop::Pause);
             }
             self.serve.greeted = status == 0;
+            if status == 0 {
+                self.serve.peer_instance = h.seq;
+            }
             return Ok(());
         }
         if !self.serve.greeted {
@@ -322,6 +389,9 @@ impl Handler for Requests<'_> {
                     let queued = self.answer(&answer);
                     debug_assert!(queued, "room was checked");
                     return Ok(());
+                }
+                if self.duplex {
+                    return self.get_by_reference(h);
                 }
                 self.serve.get = Some(GetJob {
                     request: *h,

@@ -10,6 +10,7 @@ use nix::sys::eventfd::{EfdFlags, EventFd};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::Duration;
 
 /// What a completion belongs to: the top byte of its `user_data`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -264,6 +265,18 @@ impl Uring {
         self.ring.submit_and_wait(1).map(drop)
     }
 
+    /// Submits and waits for one completion, or for `timeout` (which is not
+    /// an error).
+    pub(crate) fn submit_and_wait_for(&mut self, timeout: Duration) -> io::Result<()> {
+        let ts = types::Timespec::from(timeout);
+        let args = types::SubmitArgs::new().timespec(&ts);
+        match self.ring.submitter().submit_with_args(1, &args) {
+            Ok(_) => Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc_errno::ETIME) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
     /// The next completion, if any. When there has been none for
     /// [`EVENTFD_IDLE_POLLS`] calls in a row and `rearm` allows it, the
     /// eventfd is re-armed for a sleeper: read if it may have been
@@ -372,7 +385,7 @@ impl Uring {
 
 /// The errno values the driver tells apart.
 pub(crate) mod libc_errno {
-    pub(crate) use nix::libc::{EAGAIN, EBUSY, ECANCELED, ENOBUFS};
+    pub(crate) use nix::libc::{EAGAIN, EBUSY, ECANCELED, ENOBUFS, ETIME};
 }
 
 #[cfg(test)]

@@ -29,10 +29,35 @@
 //!
 //! | request | response |
 //! |---|---|
-//! | HELLO (first frame of a connection) | HELLO_ACK |
+//! | HELLO (first frame of each direction's requests) | HELLO_ACK |
 //! | PUT, NOTIFY | ACK (one ACK may answer every successful request up to its `seq`) |
 //! | GET | GET_DATA, one or more frames; the last has `arg` = [`LAST`] |
 //! | ATOMIC | ATOMIC_DATA |
+//! | BYE | none: the sender sends no more requests on this connection |
+//!
+//! # Both ways on one connection (version 2)
+//!
+//! A connection carries requests both ways when the worker that accepted
+//! it sends a HELLO of its own on it (it *adopts* the connection for a
+//! lane of its endpoint back to the connecting worker). Each direction's
+//! requests and the other direction's answers then share the stream, and
+//! TCP's acknowledgements ride on data both ways. Rules that keep such a
+//! connection from ever stalling (neither side's reader may wait for room
+//! to answer while the other's waits too):
+//! - **Depth.** A side keeps at most [`DUPLEX_DEPTH`] requests without an
+//!   answer on it (from the moment it sent or received the adopting
+//!   HELLO), and keeps send room for that many answers that its own
+//!   requests may not take.
+//! - **GET data by reference.** A target sends GET data straight from its
+//!   window (no staging), so an answer never needs more than a header of
+//!   room.
+//! - **Writes after a GET wait for its data.** An initiator sends no PUT,
+//!   NOTIFY or ATOMIC on the lane while a GET on it is unanswered, so the
+//!   data a GET returns is never that of a later write on its lane.
+//! - **Ending.** A side whose endpoint lets go of the lane sends BYE if the
+//!   other side still sends requests on it, and keeps serving; a side
+//!   closes the connection once it neither sends requests on it nor expects
+//!   any.
 #![deny(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -45,11 +70,14 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 /// The protocol version this build speaks.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 /// Bytes in a frame header.
 pub const HEADER_LEN: usize = 56;
 /// `arg` of the last GET_DATA frame of a response.
 pub const LAST: u8 = 1;
+/// Requests a side keeps without an answer on a connection that carries
+/// requests both ways.
+pub const DUPLEX_DEPTH: usize = 256;
 
 /// What a frame is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,6 +104,9 @@ pub enum Opcode {
     GetData = 8,
     /// An atomic's result: `status`, `operand` = the old value.
     AtomicData = 9,
+    /// The sender sends no more requests on this connection (it goes on
+    /// answering the other side's).
+    Bye = 10,
 }
 
 impl Opcode {
@@ -90,6 +121,7 @@ impl Opcode {
             7 => Opcode::Ack,
             8 => Opcode::GetData,
             9 => Opcode::AtomicData,
+            10 => Opcode::Bye,
             _ => return None,
         })
     }
@@ -99,11 +131,17 @@ impl Opcode {
         matches!(self, Opcode::Put | Opcode::Notify | Opcode::GetData)
     }
 
-    /// Whether the frame goes from the initiator to the target.
+    /// Whether the frame goes from the initiator to the target (BYE does:
+    /// it ends the initiator's requests).
     pub fn is_request(self) -> bool {
         matches!(
             self,
-            Opcode::Hello | Opcode::Put | Opcode::Get | Opcode::Atomic | Opcode::Notify
+            Opcode::Hello
+                | Opcode::Put
+                | Opcode::Get
+                | Opcode::Atomic
+                | Opcode::Notify
+                | Opcode::Bye
         )
     }
 }
@@ -357,6 +395,17 @@ impl Header {
                 zero("operand2", self.operand2)?;
                 self.status_not_positive()
             }
+            Opcode::Bye => {
+                length(self.len == 0)?;
+                zero("arg", u64::from(self.arg))?;
+                zero("seq", self.seq)?;
+                zero("key", u64::from(self.key))?;
+                zero("status", status)?;
+                zero("secret", self.secret)?;
+                zero("addr", self.addr)?;
+                zero("operand", self.operand)?;
+                zero("operand2", self.operand2)
+            }
         }
     }
 
@@ -586,6 +635,7 @@ mod tests {
                 operand: 77,
                 ..Header::new(Opcode::Notify, 0)
             },
+            Header::new(Opcode::Bye, 0),
             Header {
                 seq: 10,
                 ..Header::new(Opcode::Ack, 1)
@@ -609,14 +659,16 @@ mod tests {
 
     #[test]
     fn wrong_version_is_refused() {
-        let mut b = put().encode();
-        b[0] = 2;
-        assert_eq!(Header::decode(&b, MAX), Err(FrameError::Version(2)));
+        for version in [0, 1, VERSION + 1] {
+            let mut b = put().encode();
+            b[0] = version;
+            assert_eq!(Header::decode(&b, MAX), Err(FrameError::Version(version)));
+        }
     }
 
     #[test]
     fn unknown_opcodes_are_refused() {
-        for raw in [0u8, 10, 0x80, 0xff] {
+        for raw in [0u8, 11, 0x80, 0xff] {
             let mut b = put().encode();
             b[1] = raw;
             assert_eq!(Header::decode(&b, MAX), Err(FrameError::Opcode(raw)));
@@ -671,6 +723,7 @@ mod tests {
             (Opcode::Atomic, 16),
             (Opcode::Ack, 1),
             (Opcode::AtomicData, 8),
+            (Opcode::Bye, 56),
         ] {
             let h = Header {
                 len,
@@ -697,7 +750,7 @@ mod tests {
     #[test]
     fn non_zero_reserved_fields_are_refused() {
         // Byte offsets of fields each opcode leaves unused.
-        let unused: [(Opcode, &[usize]); 9] = [
+        let unused: [(Opcode, &[usize]); 10] = [
             (Opcode::Hello, &[16, 20, 24, 48]),
             (Opcode::HelloAck, &[3, 16, 24, 32, 48]),
             (Opcode::Put, &[3, 20, 40, 48]),
@@ -707,6 +760,7 @@ mod tests {
             (Opcode::Ack, &[3, 16, 24, 32, 40, 48]),
             (Opcode::GetData, &[16, 24, 32, 40, 48]),
             (Opcode::AtomicData, &[3, 16, 24, 32, 48]),
+            (Opcode::Bye, &[3, 8, 16, 20, 24, 32, 40, 48]),
         ];
         for (opcode, offsets) in unused {
             let len = match opcode {

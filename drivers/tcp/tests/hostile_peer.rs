@@ -235,6 +235,20 @@ fn requests_a_peer_gets_wrong_fail_alone_and_malformed_frames_close_only_their_c
         put(base, 8, key.key, key.secret, 1).encode().to_vec(),
         false,
     ));
+    // BYE out of turn (before HELLO), and BYE on a connection that carries
+    // nothing of the worker's own: it closes (what follows is not read).
+    let bye = Header::new(Opcode::Bye, 0).encode().to_vec();
+    cases.push(("a BYE before HELLO", bye.clone(), false));
+    cases.push(("a second BYE", [bye.clone(), bye.clone()].concat(), true));
+    cases.push((
+        "BYE, then a request",
+        [
+            bye.clone(),
+            put(base, 8, key.key, key.secret, 1).encode().to_vec(),
+        ]
+        .concat(),
+        true,
+    ));
     for (name, bytes, greet) in cases {
         let mut raw = Raw::connect(&addr);
         if greet {
