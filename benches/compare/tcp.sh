@@ -8,8 +8,10 @@
 #
 # Each round runs, one after the other:
 #   1. the criterion bench `tcp` (put_bw 64 KiB and 1 MiB on 1 and 4 lanes,
-#      put_rate_8B, put_lat_8B, fence_4lanes) and `tcp_send` (plain against
-#      zero-copy io_uring send, 64 KiB and 1 MiB), with short warm-up and
+#      put_rate_8B, put_lat_8B, fence_4lanes), `tcp_send` (plain against
+#      zero-copy io_uring send, 64 KiB and 1 MiB) and `tcp_floor` (a 64-byte
+#      ping-pong on one connection through plain system calls and through
+#      io_uring: the floors under put_lat_8B), with short warm-up and
 #      measurement times;
 #   2. iperf3 with 1 stream and with 4 (-P 4): the kernel's own TCP ceiling;
 #   3. ucx_perftest over UCX's tcp transport (UCX_TLS=tcp,
@@ -38,7 +40,7 @@ trap peer_cleanup EXIT
 peer_ensure
 
 echo "building the bench ..." >&2
-cargo bench -p ringfence-benches --bench tcp --bench tcp_send --no-run >"$OUT/build.log" 2>&1 \
+cargo bench -p ringfence-benches --bench tcp --bench tcp_send --bench tcp_floor --no-run >"$OUT/build.log" 2>&1 \
     || { cat "$OUT/build.log" >&2; exit 1; }
 
 # criterion's median for one benchmark id, in ns per iteration.
@@ -86,6 +88,14 @@ for round in $(seq 1 "$ROUNDS"); do
         done
     done
 
+    cargo bench -p ringfence-benches --bench tcp_floor -- \
+        --warm-up-time "$WARMUP" --measurement-time "$MEASURE" >"$OUT/tcp_floor.$round.log" 2>&1 \
+        || { tail -30 "$OUT/tcp_floor.$round.log" >&2; exit 1; }
+    for how in syscalls io_uring; do
+        ns=$(median_ns "loopback_pingpong/$how")
+        record "floor_${how}_us" "$(python3 -c "print($ns / 1e3)")"
+    done
+
     echo "== round $round of $ROUNDS: iperf3, UCX tcp"
     figure iperf3_1stream_GBps peer_iperf3 1
     figure iperf3_4streams_GBps peer_iperf3 4
@@ -116,6 +126,9 @@ line("put_bw 1 MiB, 4 lanes", rf, m["ucx_tcp_put_bw_1MiB_GBps"], "UCX tcp put_bw
 rf = m["rf_put_lat_8B_us"]
 line("put latency 8 B", rf, m["ucx_tcp_put_lat_8B_us"], "UCX tcp put_lat", "lower is better")
 line("put latency 8 B", rf, m["ucx_tcp_am_lat_8B_us"], "UCX tcp am_lat", "lower is better")
+for how in ("io_uring", "syscalls"):
+    line("put latency 8 B", rf, m[f"floor_{how}_us"], f"64 B ping-pong, {how}", "lower is better")
+    line(f"64 B ping-pong, {how}", m[f"floor_{how}_us"], m["ucx_tcp_put_lat_8B_us"], "UCX tcp put_lat", "lower is better")
 print(f"{'put rate 8 B (M/s)':<34}{m['rf_put_rate_8B_Mps']:>11.3f}")
 base = m["rf_fence_4lanes_no_fence_ns"]
 for f in ("strong_every_8", "flush_every_8"):

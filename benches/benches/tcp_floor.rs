@@ -1,0 +1,245 @@
+//! The floors under the tcp driver's 8-byte latency: a 64-byte ping-pong
+//! (the size of an 8-byte PUT's frame) over one loopback TCP connection,
+//! with no library in the way, through the two kernel interfaces there are.
+//!
+//! - `loopback_pingpong/syscalls`: each side busy-polls `recv` with
+//!   `MSG_DONTWAIT`, then answers with `send` (what UCX's tcp transport
+//!   does, through epoll).
+//! - `loopback_pingpong/io_uring`: each side has its own ring set up as the
+//!   driver's (cooperative task running, the task-run flag), keeps a
+//!   one-shot `RECV` armed, answers with `SEND`, and enters the kernel only
+//!   when the ring flags task work or it has something to submit, as the
+//!   driver's `poll` and `commit` do.
+//!
+//! The time reported is one way (half a round trip), as `put_lat_8B` of the
+//! `tcp` bench and `ucx_perftest` report it. The echoing side runs in a
+//! thread; both spin, yielding after 4,096 idle spins (as the `tcp` bench's
+//! peers do).
+//!
+//! Run: `cargo bench -p ringfence-benches --bench tcp_floor`.
+
+use criterion::Criterion;
+use io_uring::{IoUring, opcode, types};
+use nix::libc;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+/// Bytes per message: an 8-byte PUT's header and payload.
+const MSG: usize = 64;
+
+/// Spins, then yields once the wait grows long (`spins` so far).
+fn pause(spins: u64) {
+    if spins < 4096 {
+        std::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
+    }
+}
+
+/// A connected pair of loopback sockets, Nagle off.
+fn pair() -> (TcpStream, TcpStream) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let a = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let (b, _) = listener.accept().unwrap();
+    for s in [&a, &b] {
+        s.set_nodelay(true).unwrap();
+    }
+    (a, b)
+}
+
+/// One side of the ping-pong.
+trait Side: Send {
+    /// Sends one message.
+    fn send(&mut self);
+    /// Waits for one message; `false` once the other side shut down.
+    fn recv(&mut self) -> bool;
+    /// The socket.
+    fn socket(&self) -> &TcpStream;
+}
+
+/// Plain system calls: `recv(MSG_DONTWAIT)` polled, `send`.
+struct Syscalls {
+    s: TcpStream,
+    buf: [u8; MSG],
+}
+
+impl Syscalls {
+    fn new(s: TcpStream) -> Syscalls {
+        s.set_nonblocking(true).unwrap();
+        Syscalls { s, buf: [7; MSG] }
+    }
+}
+
+impl Side for Syscalls {
+    fn send(&mut self) {
+        let msg = self.buf;
+        let mut sent = 0;
+        while sent < MSG {
+            match self.s.write(&msg[sent..]) {
+                Ok(n) => sent += n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => std::hint::spin_loop(),
+                Err(e) => panic!("send: {e}"),
+            }
+        }
+    }
+
+    fn socket(&self) -> &TcpStream {
+        &self.s
+    }
+
+    fn recv(&mut self) -> bool {
+        let (mut got, mut spins) = (0, 0u64);
+        while got < MSG {
+            match self.s.read(&mut self.buf[got..]) {
+                Ok(0) => return false,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    pause(spins);
+                    spins += 1;
+                }
+                Err(e) => panic!("recv: {e}"),
+            }
+        }
+        true
+    }
+}
+
+/// io_uring as the driver sets it up: a one-shot `RECV` kept armed, `SEND`,
+/// entering only for task work or a submission.
+struct Uring {
+    ring: IoUring,
+    s: TcpStream,
+    rbuf: Box<[u8; MSG]>,
+    sbuf: Box<[u8; MSG]>,
+    armed: bool,
+}
+
+const RECV: u64 = 1;
+const SEND: u64 = 2;
+
+impl Uring {
+    fn new(s: TcpStream) -> Uring {
+        let ring = IoUring::builder()
+            .setup_coop_taskrun()
+            .setup_taskrun_flag()
+            .build(64)
+            .unwrap();
+        Uring {
+            ring,
+            s,
+            rbuf: Box::new([0; MSG]),
+            sbuf: Box::new([7; MSG]),
+            armed: false,
+        }
+    }
+
+    fn arm(&mut self) {
+        if self.armed {
+            return;
+        }
+        let fd = types::Fd(self.s.as_raw_fd());
+        let entry = opcode::Recv::new(fd, self.rbuf.as_mut_ptr(), MSG as u32)
+            .flags(libc::MSG_WAITALL)
+            .build()
+            .user_data(RECV);
+        // SAFETY: `rbuf` is boxed and lives as long as the ring (dropped
+        // after it: field order), which ends every request it holds.
+        unsafe { self.ring.submission().push(&entry) }.expect("SQ room");
+        self.armed = true;
+    }
+}
+
+impl Side for Uring {
+    fn send(&mut self) {
+        let fd = types::Fd(self.s.as_raw_fd());
+        let entry = opcode::Send::new(fd, self.sbuf.as_ptr(), MSG as u32)
+            .flags(libc::MSG_WAITALL)
+            .build()
+            .user_data(SEND);
+        // SAFETY: `sbuf` is boxed and outlives the ring's requests (as
+        // `rbuf`).
+        unsafe { self.ring.submission().push(&entry) }.expect("SQ room");
+        self.arm();
+        self.ring.submit().unwrap();
+    }
+
+    fn socket(&self) -> &TcpStream {
+        &self.s
+    }
+
+    fn recv(&mut self) -> bool {
+        if !self.armed {
+            self.arm();
+            self.ring.submit().unwrap();
+        }
+        let mut spins = 0u64;
+        loop {
+            let done = {
+                let mut cq = self.ring.completion();
+                cq.sync();
+                let mut got = None;
+                for c in cq {
+                    if c.user_data() == RECV {
+                        got = Some(c.result());
+                    } else {
+                        assert!(c.result() == MSG as i32, "send: {}", c.result());
+                    }
+                }
+                got
+            };
+            if let Some(res) = done {
+                self.armed = false;
+                return res == MSG as i32;
+            }
+            if self.ring.submission().taskrun() {
+                self.ring.submit().unwrap();
+                continue;
+            }
+            pause(spins);
+            spins += 1;
+        }
+    }
+}
+
+/// Times round trips of `ping` against `pong` echoing in a thread, one way
+/// (half a round trip). The echo ends when `ping` shuts its socket down,
+/// with no request of its ring left in flight.
+fn bench(c: &mut Criterion, name: &str, mut ping: impl Side, mut pong: impl Side + 'static) {
+    let echo = std::thread::spawn(move || {
+        while pong.recv() {
+            pong.send();
+        }
+    });
+    let mut round_trip = || {
+        ping.send();
+        assert!(ping.recv(), "the echo side went away");
+    };
+    for _ in 0..1000 {
+        round_trip();
+    }
+    c.benchmark_group("loopback_pingpong")
+        .bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let start = Instant::now();
+                for _ in 0..iters {
+                    round_trip();
+                }
+                start.elapsed() / 2
+            })
+        });
+    ping.socket().shutdown(Shutdown::Write).unwrap();
+    echo.join().unwrap();
+}
+
+fn main() {
+    let mut c = Criterion::default()
+        .measurement_time(Duration::from_secs(3))
+        .configure_from_args();
+    let (a, b) = pair();
+    bench(&mut c, "syscalls", Syscalls::new(a), Syscalls::new(b));
+    let (a, b) = pair();
+    bench(&mut c, "io_uring", Uring::new(a), Uring::new(b));
+    c.final_summary();
+}
