@@ -231,8 +231,13 @@ struct Frames<'a, 'b> {
     drop_answers: bool,
 }
 
-impl<'b> Frames<'_, 'b> {
-    fn answers(&mut self) -> Result<Option<&mut Answers<'b>>, Stop> {
+impl Frames<'_, '_> {
+    /// Where frame `h` goes: the target side, our lane, or nowhere (a late
+    /// answer).
+    fn to(&mut self, h: &Header) -> Result<Option<&mut dyn Handler>, Stop> {
+        if h.opcode.is_request() {
+            return Ok(Some(&mut self.requests));
+        }
         match &mut self.answers {
             Some(a) => Ok(Some(a)),
             None if self.drop_answers => Ok(None),
@@ -245,33 +250,15 @@ impl<'b> Frames<'_, 'b> {
 
 impl Handler for Frames<'_, '_> {
     fn header(&mut self, h: &Header) -> Result<(), Stop> {
-        if h.opcode.is_request() {
-            return self.requests.header(h);
-        }
-        match self.answers()? {
-            Some(a) => a.header(h),
-            None => Ok(()),
-        }
+        self.to(h)?.map_or(Ok(()), |to| to.header(h))
     }
 
     fn payload(&mut self, h: &Header, at: u32, bytes: &[u8]) -> Result<(), Stop> {
-        if h.opcode.is_request() {
-            return self.requests.payload(h, at, bytes);
-        }
-        match self.answers()? {
-            Some(a) => a.payload(h, at, bytes),
-            None => Ok(()),
-        }
+        self.to(h)?.map_or(Ok(()), |to| to.payload(h, at, bytes))
     }
 
     fn end(&mut self, h: &Header) -> Result<(), Stop> {
-        if h.opcode.is_request() {
-            return self.requests.end(h);
-        }
-        match self.answers()? {
-            Some(a) => a.end(h),
-            None => Ok(()),
-        }
+        self.to(h)?.map_or(Ok(()), |to| to.end(h))
     }
 }
 

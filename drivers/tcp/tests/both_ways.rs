@@ -163,38 +163,18 @@ fn one_connection_carries_requests_both_ways() {
     for round in 1..=500u64 {
         a.local.store_u64(0, round);
         b.local.store_u64(0, round * 3);
-        let a_sqes = [
-            Sqe::put(
-                ab.as_raw(),
-                a.local.local(0),
-                remote(&b.window, b_key, 64),
-                8,
-            ),
-            Sqe::get(
-                ab.as_raw(),
-                a.local.local(64),
-                remote(&b.window, b_key, 128),
-                8,
-            ),
-            Sqe::atomic_add(ab.as_raw(), remote(&b.window, b_key, 192), 1),
-            Sqe::flush(ab.as_raw()),
-        ];
-        let b_sqes = [
-            Sqe::put(
-                ba.as_raw(),
-                b.local.local(0),
-                remote(&a.window, a_key, 64),
-                8,
-            ),
-            Sqe::get(
-                ba.as_raw(),
-                b.local.local(64),
-                remote(&a.window, a_key, 128),
-                8,
-            ),
-            Sqe::atomic_add(ba.as_raw(), remote(&a.window, a_key, 192), 2),
-            Sqe::flush(ba.as_raw()),
-        ];
+        // PUT our word, GET the peer's, add to the peer's counter.
+        let ops = |ep: EndpointId, ours: &RegisteredBuf, peer: &RegisteredBuf, key, add| {
+            let at = |off| remote(peer, key, off);
+            [
+                Sqe::put(ep.as_raw(), ours.local(0), at(64), 8),
+                Sqe::get(ep.as_raw(), ours.local(64), at(128), 8),
+                Sqe::atomic_add(ep.as_raw(), at(192), add),
+                Sqe::flush(ep.as_raw()),
+            ]
+        };
+        let a_sqes = ops(ab, &a.local, &b.window, b_key, 1);
+        let b_sqes = ops(ba, &b.local, &a.window, a_key, 2);
         a.window.store_u64(128, round + 1000);
         b.window.store_u64(128, round + 2000);
         run_both(&mut a, &a_sqes, &mut b, &b_sqes);
