@@ -403,3 +403,58 @@ fn an_endpoint_comes_up_when_the_connection_it_took_goes_away() {
         assert_eq!(a.window.load_u64(8), 77);
     }
 }
+
+/// A window deregistered while its GET data is still being sent straight
+/// from it (a peer that does not take the data): deregistration waits for
+/// the send, and once the timeout has passed closes the connection, so the
+/// memory is freed only when the kernel no longer reads it. The peer's GET
+/// fails once; nothing hangs.
+#[test]
+fn a_window_deregistered_under_a_get_waits_for_its_send() {
+    let quick = || Tcp::builder().ignore_env().timeout(Duration::from_secs(1));
+    let a = side_with(quick());
+    let mut b = side_with(quick());
+    let (_ab, _) = connect(&a, &b, 1);
+    let (ba, a_key) = connect(&b, &a, 1);
+    wait_connections(&a, &b, 0, 1);
+    // More than the sockets hold while b does not progress.
+    let get = [Sqe::get(
+        ba.as_raw(),
+        b.local.local(0),
+        remote(&a.window, a_key, 0),
+        LEN as u32,
+    )];
+    b.qp.push_batch(&get).unwrap();
+    b.qp.submit();
+    // b sends the GET; a answers it, and from then on b does not progress:
+    // a's send stalls on b's full socket.
+    for _ in 0..3 {
+        b.w.progress();
+    }
+    for _ in 0..50 {
+        a.w.progress();
+    }
+    let start = Instant::now();
+    a.w.deregister(a.window.handle()).unwrap();
+    assert!(
+        start.elapsed() < Duration::from_secs(30),
+        "deregistration hung"
+    );
+    // It returned only after closing the connection whose send still read
+    // the window (b has taken nothing since).
+    assert_eq!(connections_to(b.port), 0, "the window was left to a send");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut got = [Cqe::default(); 4];
+    let n = loop {
+        b.w.progress();
+        a.w.progress();
+        let n = b.qp.reap(&mut got).unwrap();
+        if n > 0 {
+            break n;
+        }
+        assert!(Instant::now() < deadline, "the GET never completed");
+        std::thread::yield_now();
+    };
+    assert_eq!(n, 1);
+    assert!(got[0].res < 0, "{:?}", got[0]);
+}
