@@ -59,6 +59,13 @@ struct Conn {
     /// The duplex rules are in force (both ways: answer room kept, the
     /// lane's depth capped).
     duplex: bool,
+    /// GET data is sent straight from the window: every request the peer
+    /// sends from now on comes under the duplex rules. Only once our lane's
+    /// HELLO is answered on an adopted connection (the peer's requests
+    /// before its HELLO_ACK may predate its knowing, a GET and a later PUT
+    /// over its bytes among them), at once on our own (the peer's first
+    /// request here is its HELLO).
+    by_ref: bool,
     /// The peer's address, for an accepted connection (an adopted lane
     /// must lead to the address the endpoint names).
     peer_ip: Option<std::net::IpAddr>,
@@ -385,6 +392,7 @@ impl Tcp {
             accepted: ours.is_none(),
             adopted: false,
             duplex: false,
+            by_ref: false,
             peer_ip: None,
             reader: Reader::new(MAX_LEN),
             send: SendQueue::new(self.config.send_buffer, 1024),
@@ -993,6 +1001,9 @@ impl Tcp {
             Some((e, endpoint.lanes.get_mut(usize::from(lane))?, instance))
         });
         let ours_ep = ours.as_ref().map(|&(e, _, _)| e);
+        if ours.as_ref().is_some_and(|(_, lane, _)| lane.up) {
+            conn.by_ref = true;
+        }
         let mut handler = Frames {
             requests: Requests {
                 serve: &mut conn.serve,
@@ -1000,9 +1011,7 @@ impl Tcp {
                 regs,
                 notify: notify.as_deref(),
                 instance: address.instance,
-                // A lane of ours sends here: whatever the peer asks comes
-                // on a connection that carries requests both ways.
-                duplex: conn.duplex || conn.ours.is_some(),
+                duplex: conn.by_ref,
             },
             answers: ours.map(|(_, lane, instance)| Answers {
                 lane,

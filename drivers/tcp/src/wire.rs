@@ -50,7 +50,10 @@
 //!   requests may not take.
 //! - **GET data by reference.** A target sends GET data straight from its
 //!   window (no staging), so an answer never needs more than a header of
-//!   room.
+//!   room. The adopting side starts doing so once its HELLO is answered:
+//!   the other side's requests before that HELLO_ACK may have been sent
+//!   before it knew the rules (a GET, then a PUT over its bytes), and are
+//!   answered from staging as on any connection.
 //! - **Writes after a GET wait for its data.** An initiator sends no PUT,
 //!   NOTIFY or ATOMIC on the lane while a GET on it is unanswered, so the
 //!   data a GET returns is never that of a later write on its lane.

@@ -458,3 +458,61 @@ fn a_window_deregistered_under_a_get_waits_for_its_send() {
     assert_eq!(n, 1);
     assert!(got[0].res < 0, "{:?}", got[0]);
 }
+
+/// A GET and a PUT over its bytes that a sent before it knew the
+/// connection would carry requests both ways (b takes it over while they
+/// are on the wire): b answers that GET from staging as before, so it
+/// still returns the data from before the PUT.
+#[test]
+fn a_get_sent_before_the_takeover_keeps_its_order() {
+    for round in 1..=10u8 {
+        let mut a = side();
+        let b = side();
+        let (ab, b_key) = connect(&a, &b, 1);
+        const SPAN: usize = 1 << 20;
+        b.window.write(0, &vec![round; SPAN]);
+        a.local.write(SPAN, &vec![!round; SPAN]);
+        let sqes = [
+            Sqe::get(
+                ab.as_raw(),
+                a.local.local(0),
+                remote(&b.window, b_key, 0),
+                SPAN as u32,
+            ),
+            Sqe::put(
+                ab.as_raw(),
+                a.local.local(SPAN as u64),
+                remote(&b.window, b_key, 0),
+                SPAN as u32,
+            ),
+        ];
+        a.qp.push_batch(&sqes).unwrap();
+        a.qp.submit();
+        // a sends both; b has not read them when it takes the connection.
+        for _ in 0..10 {
+            a.w.progress();
+        }
+        let _back = b.w.connect_lanes(a.w.address(), &[("tcp", 1)]).unwrap();
+        // The GET, the PUT and a FLUSH after them.
+        let mut b = b;
+        let flush = [Sqe::flush(ab.as_raw())];
+        let (done, _) = run_both(&mut a, &flush, &mut b, &[]);
+        let mut cqes = done.len();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut more = [Cqe::default(); 4];
+        while cqes < 3 {
+            a.w.progress();
+            b.w.progress();
+            let n = a.qp.reap(&mut more).unwrap();
+            assert!(more[..n].iter().all(|c| c.res >= 0), "{more:?}");
+            cqes += n;
+            assert!(Instant::now() < deadline, "{cqes} of 3 completions");
+        }
+        let mut got = vec![0u8; SPAN];
+        a.local.read(0, &mut got);
+        assert!(
+            got.iter().all(|&x| x == round),
+            "round {round}: the GET saw the PUT after it"
+        );
+    }
+}
