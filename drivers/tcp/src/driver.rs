@@ -575,6 +575,10 @@ impl Tcp {
                 && c.peer_ip == Some(peer.socket.ip())
                 && !c.serve.answering_get()
                 && c.backlog.is_empty()
+                // Nothing queued or in flight: our HELLO fits, and the room
+                // kept for answers is free from the first batch on.
+                && c.send.queued() == 0
+                && !c.send.is_flying()
         };
         self.conns
             .iter()
@@ -650,7 +654,12 @@ impl Tcp {
                     lane.make_duplex();
                 }
                 tracing::debug!(slot, "tcp: connection carries requests both ways");
+                if conn.serve.release_hello_ack(&mut conn.send) {
+                    Self::want_send(&mut self.to_send, slot, conn);
+                }
             }
+            Some(_) if !conn.serve.release_hello_ack(&mut conn.send) => {}
+            Some(_) => Self::want_send(&mut self.to_send, slot, conn),
             None if conn.serve.ended || (conn.had_ours && !conn.serve.serving()) => {
                 // Neither side sends requests on it any more.
                 self.close_conn(slot, Status::Canceled);
@@ -1012,6 +1021,7 @@ impl Tcp {
                 notify: notify.as_deref(),
                 instance: address.instance,
                 duplex: conn.by_ref,
+                hold_hello_ack: conn.ours.is_some(),
             },
             answers: ours.map(|(_, lane, instance)| Answers {
                 lane,

@@ -158,6 +158,12 @@ impl SendQueue {
             && b.used + bytes + keep_bytes <= b.buf.len()
     }
 
+    /// Whether the room kept for answers is all free in the filling batch
+    /// (with room for one more frame beside it).
+    pub(crate) fn reserve_is_free(&self) -> bool {
+        self.request_room(0)
+    }
+
     /// Whether a batch queued or in flight sends bytes straight from a
     /// window ([`SendQueue::push_window`]).
     pub(crate) fn holds_window(&self) -> bool {

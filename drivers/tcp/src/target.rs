@@ -73,6 +73,11 @@ pub(crate) struct Serve {
     pub(crate) peer_instance: u64,
     /// The peer sent BYE: it sends no more requests.
     pub(crate) ended: bool,
+    /// The HELLO_ACK of a HELLO that made this connection carry requests
+    /// both ways, held until the room kept for answers is free in the
+    /// filling batch ([`Serve::release_hello_ack`]): the peer sends no
+    /// request before it, so every answer to its requests finds room.
+    held_hello_ack: Option<Header>,
     sink: Sink,
     /// The highest successful PUT/NOTIFY not yet acknowledged: (lane, seq).
     ack: Option<(u8, u64)>,
@@ -89,6 +94,7 @@ impl Serve {
             greeted: false,
             peer_instance: 0,
             ended: false,
+            held_hello_ack: None,
             sink: Sink::Drop(Status::InvalidArgument),
             ack: None,
             get: None,
@@ -102,6 +108,19 @@ impl Serve {
     /// has not said BYE).
     pub(crate) fn serving(&self) -> bool {
         self.greeted && !self.ended
+    }
+
+    /// Queues a held HELLO_ACK once the room kept for answers is free in
+    /// `send`'s filling batch; `true` if it went (or none was held).
+    pub(crate) fn release_hello_ack(&mut self, send: &mut SendQueue) -> bool {
+        let Some(ack) = self.held_hello_ack else {
+            return true;
+        };
+        if !send.reserve_is_free() || !send.push_copy(&[&ack.encode()]) {
+            return false;
+        }
+        self.held_hello_ack = None;
+        true
     }
 
     /// Whether a GET is being answered in pieces (through staging).
@@ -135,6 +154,10 @@ pub(crate) struct Requests<'a> {
     ///
     /// [`wire`]: crate::wire
     pub(crate) duplex: bool,
+    /// A lane of ours sends on this connection: a HELLO makes it carry
+    /// requests both ways, and its HELLO_ACK is held
+    /// ([`Serve::release_hello_ack`]).
+    pub(crate) hold_hello_ack: bool,
 }
 
 impl Serve {
@@ -344,6 +367,14 @@ impl Handler for Requests<'_> {
                 operand: self.instance,
                 ..Header::new(Opcode::HelloAck, h.lane)
             };
+            if status == 0 && self.hold_hello_ack {
+                // Sent by the driver once the answer room is free; the
+                // reader goes on meanwhile (it never waits for room here).
+                self.serve.held_hello_ack = Some(ack);
+                self.serve.greeted = true;
+                self.serve.peer_instance = h.seq;
+                return Ok(());
+            }
             if !self.send.push_copy(&[&ack.encode()]) {
                 return Err(Stop::Pause);
             }

@@ -47,7 +47,10 @@
 //! - **Depth.** A side keeps at most [`DUPLEX_DEPTH`] requests without an
 //!   answer on it (from the moment it sent or received the adopting
 //!   HELLO), and keeps send room for that many answers that its own
-//!   requests may not take.
+//!   requests may not take. The side that receives the adopting HELLO
+//!   sends its HELLO_ACK only once that room is free in its filling batch
+//!   (the other side sends no request before the HELLO_ACK), and the
+//!   adopting side takes only a connection with nothing queued to send.
 //! - **GET data by reference.** A target sends GET data straight from its
 //!   window (no staging), so an answer never needs more than a header of
 //!   room. The adopting side starts doing so once its HELLO is answered:

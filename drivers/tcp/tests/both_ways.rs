@@ -516,3 +516,78 @@ fn a_get_sent_before_the_takeover_keeps_its_order() {
         );
     }
 }
+
+/// b takes over a's connection while a's PUTs stream on it and b has not
+/// read them (a's batches are full): a holds its HELLO_ACK until the room
+/// kept for answers is free, and then both sides' operations complete,
+/// every byte in place.
+#[test]
+fn a_takeover_in_the_middle_of_a_stream_comes_up() {
+    const MIB: usize = 1 << 20;
+    let mut a = side();
+    let b = side();
+    let (ab, b_key) = connect(&a, &b, 1);
+    let data: Vec<u8> = (0..16 * MIB).map(|i| (i % 251) as u8).collect();
+    a.local.write(0, &data);
+    // 16 MiB sent from a's memory fill b's socket; 4 KiB PUTs (staged)
+    // behind them fill a's send batches.
+    const SMALL: usize = 4096;
+    let big = (0..16u64).map(|i| (i * MIB as u64, MIB));
+    let small = (0..64u64).map(|i| (i * SMALL as u64, SMALL));
+    let puts: Vec<Sqe> = big
+        .chain(small)
+        .map(|(off, len)| {
+            Sqe::put(
+                ab.as_raw(),
+                a.local.local(off),
+                remote(&b.window, b_key, off),
+                len as u32,
+            )
+        })
+        .chain(std::iter::once(Sqe::flush(ab.as_raw())))
+        .collect();
+    a.qp.push_batch(&puts).unwrap();
+    a.qp.submit();
+    // a streams; b does not read.
+    for _ in 0..20 {
+        a.w.progress();
+    }
+    let ba = b.w.connect_lanes(a.w.address(), &[("tcp", 1)]).unwrap();
+    let mut b = b;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut done = 0;
+    let mut got = [Cqe::default(); 32];
+    while done < puts.len() || b.w.endpoint_state(ba).unwrap() == EndpointState::Connecting {
+        a.w.progress();
+        b.w.progress();
+        let n = a.qp.reap(&mut got).unwrap();
+        assert!(got[..n].iter().all(|c| c.res >= 0), "{:?}", &got[..n]);
+        done += n;
+        assert!(
+            Instant::now() < deadline,
+            "{done} of {} completions",
+            puts.len()
+        );
+        std::thread::yield_now();
+    }
+    assert_eq!(b.w.endpoint_state(ba).unwrap(), EndpointState::Connected);
+    let mut landed = vec![0u8; 16 * MIB];
+    b.window.read(0, &mut landed);
+    assert!(landed == data, "a's PUTs");
+    // b's endpoint works over the connection it took.
+    let blob = a.w.pack_rkey(a.window.handle()).unwrap();
+    let a_key = b.w.unpack_rkey(ba, &blob).unwrap();
+    b.local.store_u64(0, 99);
+    let put = [
+        Sqe::put(
+            ba.as_raw(),
+            b.local.local(0),
+            remote(&a.window, a_key, 0),
+            8,
+        ),
+        Sqe::flush(ba.as_raw()),
+    ];
+    run_both(&mut a, &[], &mut b, &put);
+    assert_eq!(a.window.load_u64(0), 99);
+    assert_eq!(connections_to(a.port), 0);
+}
