@@ -317,36 +317,16 @@ fn either_side_may_let_go_first() {
         let (ab, b_key) = connect(&a, &b, 1);
         let (ba, a_key) = connect(&b, &a, 1);
         wait_connections(&a, &b, 0, 1);
-        let put_ab = [
-            Sqe::put(
-                ab.as_raw(),
-                a.local.local(0),
-                remote(&b.window, b_key, 0),
-                64,
-            ),
-            Sqe::get(
-                ab.as_raw(),
-                a.local.local(64),
-                remote(&b.window, b_key, 0),
-                64,
-            ),
-            Sqe::flush(ab.as_raw()),
-        ];
-        let put_ba = [
-            Sqe::put(
-                ba.as_raw(),
-                b.local.local(0),
-                remote(&a.window, a_key, 0),
-                64,
-            ),
-            Sqe::get(
-                ba.as_raw(),
-                b.local.local(64),
-                remote(&a.window, a_key, 0),
-                64,
-            ),
-            Sqe::flush(ba.as_raw()),
-        ];
+        // A PUT, a GET of the same bytes and a FLUSH.
+        let ops = |ep: EndpointId, ours: &RegisteredBuf, peer: &RegisteredBuf, key| {
+            [
+                Sqe::put(ep.as_raw(), ours.local(0), remote(peer, key, 0), 64),
+                Sqe::get(ep.as_raw(), ours.local(64), remote(peer, key, 0), 64),
+                Sqe::flush(ep.as_raw()),
+            ]
+        };
+        let put_ab = ops(ab, &a.local, &b.window, b_key);
+        let put_ba = ops(ba, &b.local, &a.window, a_key);
         let close_ab = [Sqe::close(ab.as_raw(), CloseMode::GRACEFUL)];
         let close_ba = [Sqe::close(ba.as_raw(), CloseMode::GRACEFUL)];
         if a_first {
