@@ -148,6 +148,27 @@ fn remote(window: &RegisteredBuf, rkey: RkeyId, off: u64) -> RemoteBuf {
     }
 }
 
+/// A GET of the peer's first `span` bytes into ours at 0, then on the same
+/// lane a PUT of ours at `span` over those same bytes.
+fn get_then_put(
+    ep: EndpointId,
+    ours: &RegisteredBuf,
+    peer: &RegisteredBuf,
+    key: RkeyId,
+    span: usize,
+) -> [Sqe; 2] {
+    let len = span as u32;
+    [
+        Sqe::get(ep.as_raw(), ours.local(0), remote(peer, key, 0), len),
+        Sqe::put(
+            ep.as_raw(),
+            ours.local(span as u64),
+            remote(peer, key, 0),
+            len,
+        ),
+    ]
+}
+
 /// A ping-pong both ways over the one connection: each side's PUT of a
 /// sequence number lands in the other's window, GETs and atomics both
 /// ways; one TCP connection in all.
@@ -206,21 +227,8 @@ fn a_get_never_returns_a_later_write_on_its_lane() {
         let old = vec![round as u8; SPAN];
         b.window.write(0, &old);
         a.local.write(SPAN, &vec![!(round as u8); SPAN]);
-        let a_sqes = [
-            Sqe::get(
-                ab.as_raw(),
-                a.local.local(0),
-                remote(&b.window, b_key, 0),
-                SPAN as u32,
-            ),
-            Sqe::put(
-                ab.as_raw(),
-                a.local.local(SPAN as u64),
-                remote(&b.window, b_key, 0),
-                SPAN as u32,
-            ),
-            Sqe::flush(ab.as_raw()),
-        ];
+        let [get, put] = get_then_put(ab, &a.local, &b.window, b_key, SPAN);
+        let a_sqes = [get, put, Sqe::flush(ab.as_raw())];
         run_both(&mut a, &a_sqes, &mut b, &[]);
         let mut got = vec![0u8; SPAN];
         a.local.read(0, &mut got);
@@ -452,20 +460,7 @@ fn a_get_sent_before_the_takeover_keeps_its_order() {
         const SPAN: usize = 1 << 20;
         b.window.write(0, &vec![round; SPAN]);
         a.local.write(SPAN, &vec![!round; SPAN]);
-        let sqes = [
-            Sqe::get(
-                ab.as_raw(),
-                a.local.local(0),
-                remote(&b.window, b_key, 0),
-                SPAN as u32,
-            ),
-            Sqe::put(
-                ab.as_raw(),
-                a.local.local(SPAN as u64),
-                remote(&b.window, b_key, 0),
-                SPAN as u32,
-            ),
-        ];
+        let sqes = get_then_put(ab, &a.local, &b.window, b_key, SPAN);
         a.qp.push_batch(&sqes).unwrap();
         a.qp.submit();
         // a sends both; b has not read them when it takes the connection.
