@@ -269,13 +269,15 @@ impl Handler for Frames<'_, '_> {
     }
 }
 
+/// The connection in `slot` of `conns`, if there is one.
+fn live(conns: &mut [Option<Box<Conn>>], slot: u32) -> Option<&mut Conn> {
+    conns.get_mut(slot as usize)?.as_deref_mut()
+}
+
 /// The live connection in `slot` of `conns` if its generation is
 /// `generation`.
 fn conn_at(conns: &mut [Option<Box<Conn>>], slot: u32, generation: u32) -> Option<&mut Conn> {
-    conns
-        .get_mut(slot as usize)?
-        .as_deref_mut()
-        .filter(|c| c.generation == generation)
+    live(conns, slot).filter(|c| c.generation == generation)
 }
 
 fn err(status: Status, detail: impl Into<String>) -> DriverError {
@@ -417,11 +419,7 @@ impl Tcp {
     }
 
     fn arm_recv(&mut self, slot: u32) {
-        let Some(conn) = self
-            .conns
-            .get_mut(slot as usize)
-            .and_then(|c| c.as_deref_mut())
-        else {
+        let Some(conn) = live(&mut self.conns, slot) else {
             return;
         };
         if conn.recv_armed || conn.closing {
@@ -454,11 +452,7 @@ impl Tcp {
     /// of its own instead (the peer closed its side before it saw our
     /// HELLO).
     fn close_conn(&mut self, slot: u32, status: Status) {
-        let Some(conn) = self
-            .conns
-            .get_mut(slot as usize)
-            .and_then(|c| c.as_deref_mut())
-        else {
+        let Some(conn) = live(&mut self.conns, slot) else {
             return;
         };
         if conn.closing {
@@ -610,11 +604,7 @@ impl Tcp {
     /// released): if the peer still sends requests on it, we say BYE and
     /// go on serving; else it closes.
     fn release_conn(&mut self, slot: u32, status: Status) {
-        let Some(conn) = self
-            .conns
-            .get_mut(slot as usize)
-            .and_then(|c| c.as_deref_mut())
-        else {
+        let Some(conn) = live(&mut self.conns, slot) else {
             return;
         };
         if conn.closing || conn.ours.is_none() {
@@ -634,7 +624,7 @@ impl Tcp {
     /// more closes.
     fn settle(&mut self, slot: u32) {
         let Tcp { conns, eps, .. } = self;
-        let Some(conn) = conns.get_mut(slot as usize).and_then(|c| c.as_deref_mut()) else {
+        let Some(conn) = live(conns, slot) else {
             return;
         };
         if conn.closing {
@@ -669,11 +659,7 @@ impl Tcp {
     }
 
     fn recycle_backlog(&mut self, slot: u32) {
-        let Some(conn) = self
-            .conns
-            .get_mut(slot as usize)
-            .and_then(|c| c.as_deref_mut())
-        else {
+        let Some(conn) = live(&mut self.conns, slot) else {
             return;
         };
         let bids = conn.backlog.drain(..).map(|(bid, _, _)| bid);
@@ -884,11 +870,7 @@ impl Tcp {
     /// one was asked for, else the multishot receive is armed again at the
     /// next commit.
     fn receive_again(&mut self, slot: u32) {
-        let Some(conn) = self
-            .conns
-            .get_mut(slot as usize)
-            .and_then(|c| c.as_deref_mut())
-        else {
+        let Some(conn) = live(&mut self.conns, slot) else {
             return;
         };
         if conn.closing {
@@ -905,11 +887,7 @@ impl Tcp {
     /// window, if the reader is still inside it; else goes back to the
     /// multishot receive.
     fn start_direct(&mut self, slot: u32) {
-        let Some(conn) = self
-            .conns
-            .get_mut(slot as usize)
-            .and_then(|c| c.as_deref_mut())
-        else {
+        let Some(conn) = live(&mut self.conns, slot) else {
             return;
         };
         // Only a PUT's payload: the reader may have moved on to an answer's
@@ -966,11 +944,7 @@ impl Tcp {
         // Moves the reader past the placed bytes (answering the PUT if they
         // were its last), then takes whatever else is queued.
         self.drain(slot);
-        let Some(conn) = self
-            .conns
-            .get_mut(slot as usize)
-            .and_then(|c| c.as_deref_mut())
-        else {
+        let Some(conn) = live(&mut self.conns, slot) else {
             return;
         };
         if conn.closing {
@@ -997,7 +971,7 @@ impl Tcp {
             config,
             ..
         } = self;
-        let Some(conn) = conns.get_mut(slot as usize).and_then(|c| c.as_deref_mut()) else {
+        let Some(conn) = live(conns, slot) else {
             return;
         };
         let mut broken: Option<Broken> = None;
@@ -1345,7 +1319,7 @@ impl Tcp {
                 .is_some_and(|c| c.ours.is_none())
         });
         to_send.retain(|&slot| {
-            let Some(conn) = conns.get_mut(slot as usize).and_then(|c| c.as_deref_mut()) else {
+            let Some(conn) = live(conns, slot) else {
                 return false;
             };
             if conn.closing {
@@ -1377,11 +1351,7 @@ impl Tcp {
     /// have been before the hold); nothing here waits for the peer.
     fn send_held_acks(&mut self) {
         for slot in std::mem::take(&mut self.held_acks) {
-            let Some(conn) = self
-                .conns
-                .get_mut(slot as usize)
-                .and_then(|c| c.as_deref_mut())
-            else {
+            let Some(conn) = live(&mut self.conns, slot) else {
                 continue;
             };
             conn.ack = AckHold::None;
@@ -1607,10 +1577,7 @@ impl Driver for Tcp {
         if lane.duplex && op.kind != OpKind::Get && lane.write_waits() {
             return Posted::NoResource;
         }
-        let Some(conn) = conns
-            .get_mut(lane.conn as usize)
-            .and_then(|c| c.as_deref_mut())
-        else {
+        let Some(conn) = live(conns, lane.conn) else {
             return Posted::Done(Err(Status::PeerUnreachable));
         };
         let staged = match op.kind {
@@ -1760,7 +1727,7 @@ impl Driver for Tcp {
         // ACKs held since the last commit go now; this round's wait one
         // more (AckHold).
         held_acks.retain(|&slot| {
-            let Some(conn) = conns.get_mut(slot as usize).and_then(|c| c.as_deref_mut()) else {
+            let Some(conn) = live(conns, slot) else {
                 return false;
             };
             match conn.ack {
