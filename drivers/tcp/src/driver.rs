@@ -29,6 +29,15 @@ use std::time::{Duration, Instant};
 /// PUT payloads up to this size are copied into the send batch; larger
 /// ones are sent from the registered memory itself.
 const COPY_MAX: u32 = 4096;
+/// Answers whose room a connection that carries requests both ways keeps
+/// in each send batch: one for every request the peer may keep in flight,
+/// its HELLO_ACK, a held ACK and our BYE.
+const ANSWER_ROOM: usize = DUPLEX_DEPTH + 3;
+/// The smallest send batch: the answer room and, beside it, a staged PUT
+/// with room to spare (below it a lane that carries requests both ways
+/// could never post).
+pub(crate) const MIN_SEND_BUFFER: usize =
+    ANSWER_ROOM * HEADER_LEN + COPY_MAX as usize + 2 * HEADER_LEN;
 /// Flushes in flight per endpoint.
 const MAX_FLUSHES: usize = 64;
 /// Completions handled per `poll` call at most, beyond what fits `out`
@@ -53,18 +62,15 @@ struct Conn {
     had_ours: bool,
     /// The peer opened it (we accepted it).
     accepted: bool,
-    /// An accepted connection that a lane of ours took over: if it fails
-    /// before the lane is up, the lane opens a connection of its own.
-    adopted: bool,
     /// The duplex rules are in force (both ways: answer room kept, the
     /// lane's depth capped).
     duplex: bool,
     /// GET data is sent straight from the window: every request the peer
-    /// sends from now on comes under the duplex rules. Only once our lane's
-    /// HELLO is answered on an adopted connection (the peer's requests
-    /// before its HELLO_ACK may predate its knowing, a GET and a later PUT
-    /// over its bytes among them), at once on our own (the peer's first
-    /// request here is its HELLO).
+    /// sends from now on comes under the duplex rules. Set by the first
+    /// drain that finds our lane on it up: on an adopted connection that is
+    /// once our HELLO is answered (the peer's requests before its HELLO_ACK
+    /// may predate its knowing, a GET and a later PUT over its bytes among
+    /// them); on our own, at once (the peer's first request is its HELLO).
     by_ref: bool,
     /// The peer's address, for an accepted connection (an adopted lane
     /// must lead to the address the endpoint names).
@@ -213,6 +219,9 @@ pub struct Tcp {
     /// Connections whose multishot receive ended and must be re-armed.
     rearm: Vec<u32>,
     accept_armed: bool,
+    /// `quiesce(All)` runs: a lane that loses its connection does not open
+    /// another.
+    tearing_down: bool,
     notify: Option<Arc<NotifyPool>>,
     /// Scratch: receive buffers to give back.
     recycled: Vec<u16>,
@@ -341,6 +350,7 @@ impl Tcp {
             held_acks: Vec::with_capacity(64),
             rearm: Vec::with_capacity(64),
             accept_armed: false,
+            tearing_down: false,
             notify: None,
             recycled: Vec::with_capacity(usize::from(config.recv_buffers)),
             config,
@@ -392,7 +402,6 @@ impl Tcp {
             ours,
             had_ours: ours.is_some(),
             accepted: ours.is_none(),
-            adopted: false,
             duplex: false,
             by_ref: false,
             peer_ip: None,
@@ -461,7 +470,8 @@ impl Tcp {
         conn.closing = true;
         conn.send.discard();
         let ours = conn.ours.take();
-        let adopted = conn.adopted;
+        // A lane of ours on a connection we accepted adopted it.
+        let adopted = conn.accepted;
         let generation = conn.generation;
         let fd = conn.fd.as_raw_fd();
         // Ends a receive and a send in progress at once.
@@ -490,7 +500,7 @@ impl Tcp {
             return false;
         };
         let up = ep.lanes.get(usize::from(lane)).is_none_or(|l| l.up);
-        if up || !matches!(ep.state, EpState::Connecting(_)) {
+        if up || self.tearing_down || !matches!(ep.state, EpState::Connecting(_)) {
             return false;
         }
         let (peer, lanes) = (ep.peer, ep.lanes.len() as u8);
@@ -593,8 +603,8 @@ impl Tcp {
         let Some(conn) = self.conns[slot as usize].as_deref_mut() else {
             return;
         };
-        // Room for it is kept on an adopted connection (its reserve); a new
-        // one is empty.
+        // A new connection is empty, and an adopted one has nothing queued
+        // (`adoptable`).
         let queued = conn.send.push_copy(&[&hello.encode()]);
         debug_assert!(queued, "a HELLO fits");
         Self::want_send(&mut self.to_send, slot, conn);
@@ -633,9 +643,7 @@ impl Tcp {
         match conn.ours {
             Some((e, lane)) if conn.serve.greeted && !conn.duplex => {
                 conn.duplex = true;
-                // Answers to every request the peer may keep in flight, its
-                // HELLO_ACK, a held ACK and our BYE.
-                conn.send.reserve_answers(DUPLEX_DEPTH + 3, HEADER_LEN);
+                conn.send.reserve_answers(ANSWER_ROOM, HEADER_LEN);
                 let lane = eps
                     .get_mut(e as usize)
                     .and_then(Option::as_mut)
@@ -644,17 +652,18 @@ impl Tcp {
                     lane.make_duplex();
                 }
                 tracing::debug!(slot, "tcp: connection carries requests both ways");
-                if conn.serve.release_hello_ack(&mut conn.send) {
-                    Self::want_send(&mut self.to_send, slot, conn);
-                }
             }
-            Some(_) if !conn.serve.release_hello_ack(&mut conn.send) => {}
-            Some(_) => Self::want_send(&mut self.to_send, slot, conn),
             None if conn.serve.ended || (conn.had_ours && !conn.serve.serving()) => {
                 // Neither side sends requests on it any more.
                 self.close_conn(slot, Status::Canceled);
+                return;
             }
             _ => {}
+        }
+        // A held HELLO_ACK goes once the answer room is free, whether or
+        // not a lane of ours still sends here (the peer's lane waits for it).
+        if conn.serve.release_hello_ack(&mut conn.send) {
+            Self::want_send(&mut self.to_send, slot, conn);
         }
     }
 
@@ -1154,6 +1163,7 @@ impl Tcp {
     /// Cancels everything and waits (bounded) until the kernel holds no
     /// request that names this driver's memory.
     fn quiesce_all(&mut self) {
+        self.tearing_down = true;
         self.send_held_acks();
         let slots: Vec<u32> = (0..self.conns.len() as u32).collect();
         for slot in slots {
@@ -1183,11 +1193,11 @@ impl Tcp {
         }
     }
 
-    /// Ends every direct receive into registration `key`, lets every send
-    /// of GET data straight from a window finish, and waits until the
-    /// kernel has let go of it.
+    /// Lets every send of GET data straight from registration `key`'s
+    /// window finish, ends every direct receive into it, and waits until
+    /// the kernel has let go of it.
     fn quiesce_key(&mut self, key: u32) {
-        self.quiesce_windows();
+        self.quiesce_windows(key);
         let receiving = |c: &Option<Box<Conn>>| {
             c.as_deref()
                 .is_some_and(|c| c.direct == Direct::Receiving { key } && c.flying > 0)
@@ -1218,47 +1228,41 @@ impl Tcp {
         }
     }
 
-    /// Waits (bounded) until no connection sends GET data straight from a
-    /// window; one whose peer does not take it within the timeout closes.
-    /// Conservative: it waits for any window, not only the one going.
-    fn quiesce_windows(&mut self) {
-        // A closing connection holds the window while its canceled send is
-        // still in the kernel.
+    /// Waits (bounded) until no connection sends GET data straight from
+    /// registration `key`'s window (none can start: the registration is
+    /// gone). A connection whose peer does not take the data within the
+    /// timeout closes, and its canceled send is waited out.
+    fn quiesce_windows(&mut self, key: u32) {
         let holding = |c: &Option<Box<Conn>>| {
             c.as_deref()
-                .is_some_and(|c| c.send.holds_window() && (c.flying > 0 || !c.closing))
+                .is_some_and(|c| c.send.holds_window(key) && (c.flying > 0 || !c.closing))
         };
         let mut deadline = Instant::now() + self.config.timeout;
         let mut closed = false;
         while self.conns.iter().any(holding) {
             self.start_sends();
-            let late = Instant::now() > deadline;
-            if late && closed {
-                tracing::error!("tcp: a canceled send of GET data did not end");
-                break;
-            }
-            if late {
-                let slots: Vec<u32> = (0..self.conns.len() as u32)
-                    .filter(|&s| holding(&self.conns[s as usize]))
-                    .collect();
-                for slot in slots {
-                    tracing::debug!(slot, "tcp: GET data not taken; connection closed");
-                    self.close_conn(slot, Status::Transport);
+            let waited = self.uring.submit_and_wait_for(Duration::from_millis(100));
+            if waited.is_ok() {
+                while let Some(cqe) = self.uring.next(false) {
+                    self.handle(&cqe);
                 }
-                closed = true;
-                deadline = Instant::now() + Duration::from_secs(10);
+            }
+            if Instant::now() <= deadline && waited.is_ok() {
                 continue;
             }
-            if self
-                .uring
-                .submit_and_wait_for(Duration::from_millis(100))
-                .is_err()
-            {
+            if closed {
+                tracing::error!(key, "tcp: a canceled send from a window did not end");
                 break;
             }
-            while let Some(cqe) = self.uring.next(false) {
-                self.handle(&cqe);
+            let slots: Vec<u32> = (0..self.conns.len() as u32)
+                .filter(|&s| holding(&self.conns[s as usize]))
+                .collect();
+            for slot in slots {
+                tracing::debug!(slot, key, "tcp: GET data not taken; connection closed");
+                self.close_conn(slot, Status::Transport);
             }
+            closed = true;
+            deadline = Instant::now() + Duration::from_secs(10);
         }
     }
 
@@ -1402,8 +1406,9 @@ impl Driver for Tcp {
         self.address.encode()
     }
 
-    /// Opens `lanes` connections and greets the peer on each; the endpoint
-    /// is up when every HELLO is answered (reported through `poll`).
+    /// Opens `lanes` connections, or takes the peer's own (`adoptable`),
+    /// and greets the peer on each; the endpoint is up when every HELLO is
+    /// answered (reported through `poll`).
     fn connect(&mut self, peer: &[u8], lanes: u8, token: Token) -> Result<Connect, DriverError> {
         let address = Address::decode(peer)
             .ok_or_else(|| err(Status::InvalidArgument, "malformed tcp address"))?;
@@ -1423,7 +1428,6 @@ impl Driver for Tcp {
                 let conn = self.conns[slot as usize].as_deref_mut().expect("adoptable");
                 conn.ours = Some((e, lane));
                 conn.had_ours = true;
-                conn.adopted = true;
                 self.queue_hello(slot, e, lane, lanes, address.instance);
                 slots.push(slot);
                 continue;
@@ -1432,16 +1436,10 @@ impl Driver for Tcp {
                 Ok(slot) => slots.push(slot),
                 Err(error) => {
                     // Nothing of the endpoint stays: opened connections
-                    // close, adopted ones go back to serving only.
+                    // close; adopted ones, whose HELLO is queued, say BYE
+                    // after it and go back to serving only.
                     for slot in slots {
-                        let conn = self.conns[slot as usize].as_deref_mut();
-                        if let Some(conn) = conn.filter(|c| c.adopted) {
-                            conn.ours = None;
-                            conn.had_ours = false;
-                            conn.adopted = false;
-                        } else {
-                            self.close_conn(slot, Status::Canceled);
-                        }
+                        self.release_conn(slot, Status::Canceled);
                     }
                     return Err(error);
                 }
@@ -1574,7 +1572,7 @@ impl Driver for Tcp {
         }
         // Both ways on one connection: a write waits for the GETs before
         // it, and leaves the room kept for answers (see `wire`).
-        if lane.duplex && op.kind != OpKind::Get && lane.write_waits() {
+        if op.kind != OpKind::Get && lane.write_waits() {
             return Posted::NoResource;
         }
         let Some(conn) = live(conns, lane.conn) else {
@@ -1782,8 +1780,9 @@ impl Driver for Tcp {
         match scope {
             // Accesses to registered memory happen inside `poll` (copies
             // out of the receive buffers), except a direct receive into a
-            // window: its connection closes (the stream is mid-payload) and
-            // the receive is waited out.
+            // window (its connection closes: the stream is mid-payload;
+            // the receive is waited out) and GET data sent from a window
+            // (waited for; closed after the timeout).
             Quiesce::Memory(key) => self.quiesce_key(key.0 as u32),
             Quiesce::All => self.quiesce_all(),
         }

@@ -181,8 +181,8 @@ impl TcpBuilder {
     }
 
     /// Staging bytes per connection and send batch (two batches per
-    /// connection; default 128 KiB): frame headers, small payloads, and
-    /// GET data a target sends.
+    /// connection; default 128 KiB, at least about 19 KiB): frame headers,
+    /// small payloads, and GET data a target sends.
     pub fn send_buffer(mut self, bytes: usize) -> Self {
         self.config.send_buffer = bytes;
         self
@@ -229,8 +229,11 @@ impl TcpBuilder {
         if config.recv_buffer_size < 4096 {
             return invalid("receive buffers must be at least 4096 bytes");
         }
-        if config.send_buffer < 4096 {
-            return invalid("send buffers must be at least 4096 bytes");
+        if config.send_buffer < driver::MIN_SEND_BUFFER {
+            return invalid(&format!(
+                "send buffers must be at least {} bytes",
+                driver::MIN_SEND_BUFFER
+            ));
         }
         if config.depth == 0 {
             return invalid("depth must be at least 1");
@@ -292,5 +295,15 @@ mod tests {
         assert_eq!(buffers.unwrap_err().status, Status::InvalidArgument);
         let depth = Tcp::builder().ignore_env().depth(0).build();
         assert_eq!(depth.unwrap_err().status, Status::InvalidArgument);
+        // Below the room a both-ways connection keeps for answers.
+        let send = Tcp::builder().ignore_env().send_buffer(16 << 10).build();
+        assert_eq!(send.unwrap_err().status, Status::InvalidArgument);
+        assert!(
+            Tcp::builder()
+                .ignore_env()
+                .send_buffer(32 << 10)
+                .build()
+                .is_ok()
+        );
     }
 }

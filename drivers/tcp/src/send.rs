@@ -2,9 +2,10 @@
 //! is in the kernel.
 //!
 //! A batch is a list of iovecs over its own staging buffer (frame headers,
-//! small payloads, GET data) and over registered memory the engine keeps
-//! alive until the operation completes (large PUT payloads, sent without a
-//! copy). At the end of a round the filled batch goes out as one `sendmsg`
+//! small payloads, GET data) and over registered memory: large PUT
+//! payloads, sent without a copy, which the engine keeps alive until the
+//! operation completes, and GET data a target sends from its window, which
+//! the driver's `quiesce` keeps alive (the batch records the window). At the end of a round the filled batch goes out as one `sendmsg`
 //! with `MSG_WAITALL` (the kernel keeps sending until all of it is gone or
 //! the connection fails); while it is in flight the other batch fills.
 
@@ -19,8 +20,9 @@ struct Batch {
     first: usize,
     /// Bytes in the batch.
     total: usize,
-    /// Iovecs over a target's window (GET data sent by reference).
-    window_refs: usize,
+    /// The registrations whose windows iovecs of this batch read (GET data
+    /// sent by reference), each once.
+    windows: Vec<u32>,
     msg: libc::msghdr,
 }
 
@@ -32,7 +34,7 @@ impl Batch {
             iovs: Vec::with_capacity(iovs),
             first: 0,
             total: 0,
-            window_refs: 0,
+            windows: Vec::with_capacity(8),
             // SAFETY: an all-zero msghdr is a valid empty one.
             msg: unsafe { std::mem::zeroed() },
         })
@@ -47,7 +49,7 @@ impl Batch {
         self.iovs.clear();
         self.first = 0;
         self.total = 0;
-        self.window_refs = 0;
+        self.windows.clear();
     }
 
     /// Appends an iovec over `[base, base + len)`, merged with the last one
@@ -165,10 +167,10 @@ impl SendQueue {
     }
 
     /// Whether a batch queued or in flight sends bytes straight from a
-    /// window ([`SendQueue::push_window`]).
-    pub(crate) fn holds_window(&self) -> bool {
-        let flying = self.flying && self.batches[self.open ^ 1].window_refs > 0;
-        flying || self.batches[self.open].window_refs > 0
+    /// window of registration `key` ([`SendQueue::push_window`]).
+    pub(crate) fn holds_window(&self, key: u32) -> bool {
+        let flying = self.flying && self.batches[self.open ^ 1].windows.contains(&key);
+        flying || self.batches[self.open].windows.contains(&key)
     }
 
     fn open(&mut self) -> &mut Batch {
@@ -254,18 +256,27 @@ impl SendQueue {
 
     /// Queues `header`, then `len` bytes of a target's window at `addr`
     /// sent from where they are (GET data); `false` (nothing queued) if
-    /// there is no room. Counted: [`SendQueue::holds_window`] says whether
-    /// a window must stay until a send completes.
+    /// there is no room. Recorded: [`SendQueue::holds_window`] says whether
+    /// registration `key`'s window must stay until a send completes.
     ///
     /// # Safety
     /// `[addr, addr + len)` stays readable until this batch's send has
     /// completed (deregistering the window waits for it).
-    pub(crate) unsafe fn push_window(&mut self, header: &[u8], addr: u64, len: usize) -> bool {
+    pub(crate) unsafe fn push_window(
+        &mut self,
+        header: &[u8],
+        addr: u64,
+        len: usize,
+        key: u32,
+    ) -> bool {
         // SAFETY: the caller's promise.
         if !unsafe { self.push_ref(header, addr, len) } {
             return false;
         }
-        self.open().window_refs += 1;
+        let windows = &mut self.open().windows;
+        if !windows.contains(&key) {
+            windows.push(key);
+        }
         true
     }
 
@@ -377,20 +388,21 @@ mod tests {
     fn window_references_are_counted_until_their_send_completes() {
         let mut q = SendQueue::new(1024, 8);
         let window = [9u8; 32];
-        assert!(!q.holds_window());
+        assert!(!q.holds_window(3));
         // SAFETY: `window` outlives every send below.
-        assert!(unsafe { q.push_window(b"H", window.as_ptr() as u64, 32) });
-        assert!(q.holds_window());
+        assert!(unsafe { q.push_window(b"H", window.as_ptr() as u64, 32, 3) });
+        assert!(q.holds_window(3));
+        assert!(!q.holds_window(4), "another registration");
         let msg = q.start().unwrap();
         assert_eq!(read_all(msg).len(), 33);
-        assert!(q.holds_window(), "in flight");
+        assert!(q.holds_window(3), "in flight");
         assert!(q.push_copy(&[b"x"]));
         assert_eq!(q.sent(33), Sent::Done);
-        assert!(!q.holds_window());
+        assert!(!q.holds_window(3));
         // A reference queued but not sent holds the window too.
         // SAFETY: as above.
-        assert!(unsafe { q.push_window(b"H", window.as_ptr() as u64, 32) });
-        assert!(q.holds_window());
+        assert!(unsafe { q.push_window(b"H", window.as_ptr() as u64, 32, 3) });
+        assert!(q.holds_window(3));
     }
 
     #[test]

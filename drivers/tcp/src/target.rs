@@ -67,7 +67,7 @@ enum Sink {
 /// One accepted connection's serving state.
 #[derive(Debug)]
 pub(crate) struct Serve {
-    /// The HELLO arrived and was answered.
+    /// The HELLO arrived and was accepted (its HELLO_ACK queued or held).
     pub(crate) greeted: bool,
     /// The peer's instance, from its HELLO.
     pub(crate) peer_instance: u64,
@@ -265,12 +265,13 @@ impl Requests<'_> {
             ..Header::new(Opcode::GetData, h.lane)
         };
         // SAFETY: `[addr, addr + len)` lies inside a live registration
-        // (checked by the caller); deregistering it waits until no queued
-        // or flying batch sends from a window (`holds_window`, the
-        // driver's `quiesce`).
+        // (checked by the caller). Deregistering it waits until no queued
+        // or flying batch sends from its window (`holds_window`, the
+        // driver's `quiesce`), closing the connection if the peer does not
+        // take the data in time, and waiting out the canceled send.
         let queued = unsafe {
             self.send
-                .push_window(&piece.encode(), h.addr, h.len as usize)
+                .push_window(&piece.encode(), h.addr, h.len as usize, h.key)
         };
         if queued { Ok(()) } else { Err(Stop::Pause) }
     }

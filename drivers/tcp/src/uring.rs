@@ -265,14 +265,21 @@ impl Uring {
         self.ring.submit_and_wait(1).map(drop)
     }
 
-    /// Submits and waits for one completion, or for `timeout` (which is not
-    /// an error).
+    /// Submits and waits for one completion, or for `timeout` (neither the
+    /// timeout nor a signal is an error).
     pub(crate) fn submit_and_wait_for(&mut self, timeout: Duration) -> io::Result<()> {
         let ts = types::Timespec::from(timeout);
         let args = types::SubmitArgs::new().timespec(&ts);
         match self.ring.submitter().submit_with_args(1, &args) {
             Ok(_) => Ok(()),
-            Err(e) if e.raw_os_error() == Some(libc_errno::ETIME) => Ok(()),
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc_errno::ETIME | libc_errno::EINTR)
+                ) =>
+            {
+                Ok(())
+            }
             Err(e) => Err(e),
         }
     }
@@ -385,7 +392,7 @@ impl Uring {
 
 /// The errno values the driver tells apart.
 pub(crate) mod libc_errno {
-    pub(crate) use nix::libc::{EAGAIN, EBUSY, ECANCELED, ENOBUFS, ETIME};
+    pub(crate) use nix::libc::{EAGAIN, EBUSY, ECANCELED, EINTR, ENOBUFS, ETIME};
 }
 
 #[cfg(test)]

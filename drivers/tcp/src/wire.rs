@@ -64,6 +64,11 @@
 //!   other side still sends requests on it, and keeps serving; a side
 //!   closes the connection once it neither sends requests on it nor expects
 //!   any.
+//! - **Who may be adopted.** The adopting side takes only a connection
+//!   greeted with the instance of the worker it connects to and coming
+//!   from that worker's IP address. A process on that host that knows both
+//!   workers' addresses could greet as that worker; the instance is not a
+//!   secret (registration secrets still guard every window).
 #![deny(
     clippy::unwrap_used,
     clippy::expect_used,
