@@ -107,8 +107,10 @@ for t in "${targets[@]}"; do
     "fuzz/corpus-new/$t" "fuzz/corpus/$t" -- \
     -max_total_time="$seconds" -max_len="${max_len[$crate]}" -timeout=30 \
     -print_final_stats=1) >"$log" 2>&1 || rc=$?
-  execs=$(grep -Eo 'stat::number_of_executed_units: [0-9]+' "$log" | awk '{print $2}' | tail -1)
-  last=$(grep -E '^#[0-9]+.*cov: [0-9]+ ft: [0-9]+' "$log" | tail -1)
+  # A run that failed to start, or crashed on its first input, has no
+  # stats: an empty figure, not an exit of the whole script (pipefail).
+  execs=$(grep -Eo 'stat::number_of_executed_units: [0-9]+' "$log" | awk '{print $2}' | tail -1 || true)
+  last=$(grep -E '^#[0-9]+.*cov: [0-9]+ ft: [0-9]+' "$log" | tail -1 || true)
   cov=$(sed -nE 's/.*cov: ([0-9]+).*/\1/p' <<<"$last")
   ft=$(sed -nE 's/.*ft: ([0-9]+).*/\1/p' <<<"$last")
   corp=$(sed -nE 's/.*corp: ([0-9]+\/[0-9]+[a-zA-Z]*).*/\1/p' <<<"$last")

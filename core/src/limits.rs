@@ -208,14 +208,18 @@ pub(crate) fn reserve(len: usize) -> Result<Reservation, LimitExceeded> {
     let requested = round_to_pages(len).map_or(u64::MAX, |l| l as u64);
     let mut live = LIVE.load(Ordering::Relaxed);
     loop {
-        let total = live.saturating_add(requested);
-        if total > limit.bytes {
+        // A length that overflows never fits, whatever the limit (an
+        // unknown limit is u64::MAX, which a saturated sum would meet).
+        let total = round_to_pages(len)
+            .and_then(|l| live.checked_add(l as u64))
+            .filter(|&total| total <= limit.bytes);
+        let Some(total) = total else {
             return Err(LimitExceeded {
                 requested,
                 live,
                 limit,
             });
-        }
+        };
         // Relaxed: a counter; the allocation itself is ordered by whatever
         // hands its address out.
         match LIVE.compare_exchange_weak(live, total, Ordering::Relaxed, Ordering::Relaxed) {

@@ -93,12 +93,9 @@ impl Engine {
         tracing::trace!(endpoint = e, ?mode, epoch = ep.submit_epoch, "fence");
         self.stats.fences += 1;
         self.cold[e].stats.fences += 1;
-        let result = match ep.state {
-            EpState::Failed if ep.error() == Status::PeerUnreachable => {
-                Err(Status::PeerUnreachable)
-            }
-            _ => Ok(0),
-        };
+        // A fence on an endpoint whose peer is gone fails as a graceful
+        // close does.
+        let result = self.close_status(e, Ok(0));
         self.complete(id, result);
     }
 

@@ -254,9 +254,19 @@ impl Engine {
         let mut posted = 0;
         self.notify.drain(|d: Delivery| {
             let flags = CqeFlags::NOTIFICATION.bits() | u32::from(d.buffer) << CQE_BUFFER_SHIFT;
-            let ok = q.cq.push(Cqe::new(d.tag, d.len as i32, flags)).is_ok();
-            posted += usize::from(ok);
-            ok
+            match q.cq.push(Cqe::new(d.tag, d.len as i32, flags)) {
+                Ok(()) => {
+                    posted += 1;
+                    true
+                }
+                // Kept for the next round, which finds the pair broken
+                // and gives the buffers back.
+                Err(RingError::Corrupt(c)) => {
+                    q.fail(&c);
+                    false
+                }
+                Err(_) => false,
+            }
         });
         if posted > 0 {
             q.pushed = true;

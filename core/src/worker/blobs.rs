@@ -34,6 +34,26 @@ pub(super) fn encode_address(drivers: &[Box<dyn Driver>]) -> Vec<u8> {
     out
 }
 
+/// The body of a sealed blob after its magic and version byte, checked in
+/// order: the magic, the version, that there is a version byte, the check.
+/// `errors` says what is wrong at each of those four steps.
+fn open_sealed<'a>(
+    blob: &'a [u8],
+    magic: &[u8],
+    version: u8,
+    errors: [&'static str; 4],
+) -> Result<&'a [u8], &'static str> {
+    let [no_magic, unknown_version, cut, damaged] = errors;
+    let rest = blob.strip_prefix(magic).ok_or(no_magic)?;
+    match rest.first() {
+        Some(&v) if v == version => {}
+        Some(_) => return Err(unknown_version),
+        None => return Err(cut),
+    }
+    let body = checksum::open(blob).ok_or(damaged)?;
+    body.get(magic.len() + 1..).ok_or(cut)
+}
+
 /// The (name, part) pairs of a peer's address, checked field by field: the
 /// magic, the version, the check, names that are non-empty UTF-8 and
 /// distinct, lengths that account for every byte.
@@ -41,19 +61,20 @@ pub(super) fn encode_address(drivers: &[Box<dyn Driver>]) -> Vec<u8> {
 /// # Errors
 /// What is wrong with it.
 pub(super) fn decode_address(address: &[u8]) -> Result<Vec<(&str, &[u8])>, &'static str> {
-    let rest = address
-        .strip_prefix(ADDRESS_MAGIC)
-        .ok_or("not a worker address (no RFWA magic)")?;
-    match rest.first() {
-        Some(&ADDRESS_VERSION) => {}
-        Some(_) => return Err("a worker address of an unknown version"),
-        None => return Err("the worker address is cut short"),
-    }
-    let body = checksum::open(address)
-        .ok_or("the worker address fails its integrity check (damaged or cut short)")?;
     let cut = "the worker address is cut short";
-    let rest = &body[ADDRESS_MAGIC.len() + 1..];
-    let (&count, mut rest) = rest.split_first().ok_or(cut)?;
+    let (&count, mut rest) = open_sealed(
+        address,
+        ADDRESS_MAGIC,
+        ADDRESS_VERSION,
+        [
+            "not a worker address (no RFWA magic)",
+            "a worker address of an unknown version",
+            cut,
+            "the worker address fails its integrity check (damaged or cut short)",
+        ],
+    )?
+    .split_first()
+    .ok_or(cut)?;
     let mut parts: Vec<(&str, &[u8])> = Vec::with_capacity(usize::from(count));
     for _ in 0..count {
         let (&name_len, r) = rest.split_first().ok_or(cut)?;
@@ -102,19 +123,20 @@ pub(super) fn encode_key(parts: &[Vec<u8>]) -> Vec<u8> {
 /// # Errors
 /// What is wrong with it.
 pub(super) fn decode_key(key: &[u8]) -> Result<Vec<blob::Decoded<'_>>, &'static str> {
-    let rest = key
-        .strip_prefix(KEY_MAGIC)
-        .ok_or("not a packed remote key (no RFKY magic)")?;
-    match rest.first() {
-        Some(&KEY_VERSION) => {}
-        Some(_) => return Err("a packed remote key of an unknown format"),
-        None => return Err("the packed remote key is cut short"),
-    }
-    let body = checksum::open(key)
-        .ok_or("the packed remote key fails its integrity check (damaged or cut short)")?;
     let cut = "the packed remote key is cut short";
-    let rest = &body[KEY_MAGIC.len() + 1..];
-    let (&count, mut rest) = rest.split_first().ok_or(cut)?;
+    let (&count, mut rest) = open_sealed(
+        key,
+        KEY_MAGIC,
+        KEY_VERSION,
+        [
+            "not a packed remote key (no RFKY magic)",
+            "a packed remote key of an unknown format",
+            cut,
+            "the packed remote key fails its integrity check (damaged or cut short)",
+        ],
+    )?
+    .split_first()
+    .ok_or(cut)?;
     let mut parts: Vec<blob::Decoded<'_>> = Vec::with_capacity(usize::from(count));
     for _ in 0..count {
         let (len, r) = rest.split_first_chunk::<4>().ok_or(cut)?;

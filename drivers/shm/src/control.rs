@@ -104,15 +104,23 @@ impl Liveness {
     /// driver sees it). No system call: two loads.
     #[inline]
     pub(crate) fn gone(&self) -> bool {
+        self.state() == robust::Word::Gone
+    }
+
+    /// The peer's state as far as one look tells: `Gone` once its hang-up
+    /// was seen or its word is marked (which sets `dead`), else what the
+    /// word says. No system call: two loads.
+    #[inline]
+    pub(crate) fn state(&self) -> robust::Word {
         // Acquire: pairs with the control thread's store on hang-up.
         if self.dead.load(Ordering::Acquire) {
-            return true;
+            return robust::Word::Gone;
         }
-        if self.word() == robust::Word::Gone {
+        let word = self.word();
+        if word == robust::Word::Gone {
             self.dead.store(true, Ordering::Release);
-            return true;
         }
-        false
+        word
     }
 }
 

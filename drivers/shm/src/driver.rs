@@ -171,8 +171,12 @@ impl Conn {
     /// liveness word says so (one load); a peer whose word is not armed is
     /// asked through its socket instead (one system call, only then).
     fn peer_alive(&self) -> bool {
-        // Not gone: the word says alive, or it was never armed.
-        !self.liveness.gone() && (self.liveness.word() == Word::Alive || socket_open(&self.socket))
+        // One look at the word: a mark it finds is remembered (`dead`).
+        match self.liveness.state() {
+            Word::Alive => true,
+            Word::Gone => false,
+            Word::Unarmed => socket_open(&self.socket),
+        }
     }
 }
 

@@ -16,7 +16,9 @@
 //! The list's node lives here, in private memory (a peer cannot edit it);
 //! only the word is shared. The thread's previous list head (the C
 //! library's, for its robust mutexes, which this thread never takes) is
-//! put back before the node is freed, and the word is then marked by hand,
+//! put back before the node is freed (a null head, read as an empty list,
+//! where the previous one could not be read), and the word is then marked
+//! by hand,
 //! so a driver dropped in a live process reads as gone too.
 
 use std::ffi::c_long;
