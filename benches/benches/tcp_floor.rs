@@ -9,7 +9,12 @@
 //!   driver's (cooperative task running, the task-run flag), keeps a
 //!   one-shot `RECV` armed, answers with `SEND`, and enters the kernel only
 //!   when the ring flags task work or it has something to submit, as the
-//!   driver's `poll` and `commit` do.
+//!   driver's `poll` and `commit` did before busy receives.
+//! - `loopback_pingpong/io_uring_spin`: the same ring, with a nonblocking
+//!   `RECV` (`MSG_DONTWAIT`) submitted on every empty spin, which completes
+//!   inside its `io_uring_enter` (data or EAGAIN) and arms no poll: what
+//!   the driver does while a connection awaits an answer (`SPIN_ROUNDS` in
+//!   `drivers/tcp/src/driver.rs`).
 //!
 //! The time reported is one way (half a round trip), as `put_lat_8B` of the
 //! `tcp` bench and `ucx_perftest` report it. The echoing side runs in a
@@ -203,6 +208,84 @@ impl Side for Uring {
     }
 }
 
+/// io_uring busy-polled: a `RECV` with `MSG_DONTWAIT` submitted on every
+/// empty spin (it completes inline, data or `EAGAIN`; no poll is armed).
+struct UringSpin {
+    ring: IoUring,
+    s: TcpStream,
+    rbuf: Box<[u8; MSG]>,
+    sbuf: Box<[u8; MSG]>,
+}
+
+impl UringSpin {
+    fn new(s: TcpStream) -> UringSpin {
+        let ring = IoUring::builder()
+            .setup_coop_taskrun()
+            .setup_taskrun_flag()
+            .build(64)
+            .unwrap();
+        UringSpin {
+            ring,
+            s,
+            rbuf: Box::new([0; MSG]),
+            sbuf: Box::new([7; MSG]),
+        }
+    }
+}
+
+impl Side for UringSpin {
+    fn send(&mut self) {
+        let fd = types::Fd(self.s.as_raw_fd());
+        let entry = opcode::Send::new(fd, self.sbuf.as_ptr(), MSG as u32)
+            .flags(libc::MSG_WAITALL)
+            .build()
+            .user_data(SEND);
+        // SAFETY: `sbuf` is boxed and outlives the ring's requests.
+        unsafe { self.ring.submission().push(&entry) }.expect("SQ room");
+        self.ring.submit().unwrap();
+    }
+
+    fn socket(&self) -> &TcpStream {
+        &self.s
+    }
+
+    fn recv(&mut self) -> bool {
+        let mut have = 0usize;
+        let mut spins = 0u64;
+        loop {
+            let fd = types::Fd(self.s.as_raw_fd());
+            let rest = self.rbuf[have..].as_mut_ptr();
+            let entry = opcode::Recv::new(fd, rest, (MSG - have) as u32)
+                .flags(libc::MSG_DONTWAIT)
+                .build()
+                .user_data(RECV);
+            // SAFETY: `rbuf` is boxed and outlives the ring (field order);
+            // the receive completes inside this `submit` (nonblocking).
+            unsafe { self.ring.submission().push(&entry) }.expect("SQ room");
+            self.ring.submit().unwrap();
+            let mut got = None;
+            for c in self.ring.completion() {
+                if c.user_data() == RECV {
+                    got = Some(c.result());
+                }
+            }
+            match got {
+                Some(0) => return false,
+                Some(n) if n > 0 => {
+                    have += n as usize;
+                    if have == MSG {
+                        return true;
+                    }
+                }
+                _ => {
+                    pause(spins);
+                    spins += 1;
+                }
+            }
+        }
+    }
+}
+
 /// Times round trips of `ping` against `pong` echoing in a thread, one way
 /// (half a round trip). The echo ends when `ping` shuts its socket down,
 /// with no request of its ring left in flight.
@@ -241,5 +324,12 @@ fn main() {
     bench(&mut c, "syscalls", Syscalls::new(a), Syscalls::new(b));
     let (a, b) = pair();
     bench(&mut c, "io_uring", Uring::new(a), Uring::new(b));
+    let (a, b) = pair();
+    bench(
+        &mut c,
+        "io_uring_spin",
+        UringSpin::new(a),
+        UringSpin::new(b),
+    );
     c.final_summary();
 }

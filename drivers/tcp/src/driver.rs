@@ -8,7 +8,7 @@ use crate::target::{Reg, Requests, Serve};
 use crate::uring::{self, BUF_GROUP, Tag, Uring, libc_errno};
 use crate::wire::{Address, DUPLEX_DEPTH, HEADER_LEN, Header, KeyBlob, Opcode};
 use crate::{Config, MAX_LEN};
-use io_uring::{cqueue, opcode, types};
+use io_uring::{cqueue, opcode, squeue, types};
 use nix::libc;
 use nix::sys::socket::{
     self, AddressFamily, SockFlag, SockType, SockaddrLike, SockaddrStorage, sockopt,
@@ -43,6 +43,43 @@ const MAX_FLUSHES: usize = 64;
 /// Completions handled per `poll` call at most, beyond what fits `out`
 /// (a round stays bounded under a flood of incoming requests).
 const CQES_PER_POLL: usize = 256;
+
+/// Builds a request on connection `$conn`'s socket: by its fixed file when
+/// it has one (no descriptor lookup per request), else by its descriptor.
+macro_rules! on_socket {
+    ($conn:expr, |$fd:ident| $build:expr) => {
+        match $conn.fixed {
+            Some(index) => {
+                let $fd = types::Fixed(index);
+                $build
+            }
+            None => {
+                let $fd = types::Fd($conn.fd.as_raw_fd());
+                $build
+            }
+        }
+    };
+}
+
+/// Busy receives that may find nothing in a row before a connection goes
+/// back to its multishot receive.
+///
+/// A connection that a lane of ours has just posted on awaits an answer.
+/// Until it comes, each commit submits one nonblocking `RECV` on it
+/// (`MSG_DONTWAIT`, a provided buffer) in the round's `io_uring_enter`,
+/// which takes what has arrived or fails with EAGAIN at once. The
+/// multishot receive instead arms a poll: the answer's arrival queues task
+/// work, the ring flags it, and only the next `io_uring_enter` receives
+/// it, which cost about a quarter of a 64-byte loopback ping-pong's
+/// one-way time (`cargo bench -p ringfence-benches --bench tcp_floor`:
+/// `io_uring_spin` against `io_uring`). The round has its enter anyway
+/// while something is to be sent; waiting, it is the one enter the round
+/// may make, for a request that is pending. After this many empty ones (a
+/// peer slow to answer) or one that fills a whole buffer (a stream, which
+/// the multishot receive takes many buffers at a time), the multishot
+/// receive comes back. While any connection busy-receives, the CQ eventfd
+/// is kept readable and not re-armed: nothing would signal what arrives.
+const SPIN_ROUNDS: u16 = 64;
 
 /// One TCP connection. Boxed: the kernel holds pointers into it (the
 /// connect address, the send batches' msghdrs) while requests are in
@@ -82,9 +119,19 @@ struct Conn {
     /// Requests in flight that name this connection (connect, send,
     /// multishot receive).
     flying: u32,
+    /// Its index in the ring's fixed-file table, if it has one.
+    fixed: Option<u32>,
     /// The TCP connection is established (a lane's connect completed).
     connected: bool,
+    /// A receive is in flight: the multishot one, or (while `spinning`) a
+    /// one-shot busy receive whose completion is not taken yet.
     recv_armed: bool,
+    /// Receiving by busy receives (see [`SPIN_ROUNDS`]) instead of the
+    /// multishot receive.
+    spinning: bool,
+    /// Busy receives left that may find nothing before the multishot
+    /// receive comes back.
+    spin: u16,
     /// On the send list.
     listed: bool,
     closing: bool,
@@ -216,6 +263,14 @@ pub struct Tcp {
     to_send: Vec<u32>,
     /// Accepted connections whose ACK is held (see [`AckHold`]).
     held_acks: Vec<u32>,
+    /// Connections a request was posted on this round (`start_spin` at
+    /// commit).
+    to_spin: Vec<u32>,
+    /// Connections that busy-receive (SPIN_ROUNDS).
+    spinners: Vec<u32>,
+    /// Busy receivers whose receive this round found data: armed again at
+    /// the commit after this round's.
+    spin_next: Vec<u32>,
     /// Connections whose multishot receive ended and must be re-armed.
     rearm: Vec<u32>,
     accept_armed: bool,
@@ -348,6 +403,9 @@ impl Tcp {
             answered: Vec::with_capacity(64),
             to_send: Vec::with_capacity(64),
             held_acks: Vec::with_capacity(64),
+            to_spin: Vec::with_capacity(64),
+            spinners: Vec::with_capacity(64),
+            spin_next: Vec::with_capacity(64),
             rearm: Vec::with_capacity(64),
             accept_armed: false,
             tearing_down: false,
@@ -396,7 +454,9 @@ impl Tcp {
         };
         let generation = self.generations[slot as usize].wrapping_add(1);
         self.generations[slot as usize] = generation;
+        let fixed = self.uring.fix(slot, fd.as_raw_fd());
         self.conns[slot as usize] = Some(Box::new(Conn {
+            fixed,
             fd,
             generation,
             ours,
@@ -411,6 +471,8 @@ impl Tcp {
             flying: 0,
             connected: ours.is_none(),
             recv_armed: false,
+            spinning: false,
+            spin: 0,
             listed: false,
             closing: false,
             backlog: VecDeque::with_capacity(usize::from(self.uring.buffer_count())),
@@ -431,18 +493,61 @@ impl Tcp {
         let Some(conn) = live(&mut self.conns, slot) else {
             return;
         };
-        if conn.recv_armed || conn.closing {
+        if conn.recv_armed || conn.closing || matches!(conn.direct, Direct::Receiving { .. }) {
             return;
         }
-        let entry = opcode::RecvMulti::new(types::Fd(conn.fd.as_raw_fd()), BUF_GROUP)
-            .build()
-            .user_data(uring::user_data(Tag::Recv, slot, conn.generation));
+        if conn.direct == Direct::Stopping {
+            // Asked for while busy receiving, with no receive in flight.
+            self.start_direct(slot);
+            return;
+        }
+        if conn.spinning && conn.spin == 0 {
+            conn.spinning = false;
+        }
+        let user_data = uring::user_data(Tag::Recv, slot, conn.generation);
+        let entry = if conn.spinning {
+            // Nonblocking: it takes what is there or fails with EAGAIN
+            // inside this round's `io_uring_enter`, and arms no poll.
+            on_socket!(conn, |fd| opcode::Recv::new(fd, std::ptr::null_mut(), 0)
+                .buf_group(BUF_GROUP)
+                .flags(libc::MSG_DONTWAIT)
+                .build())
+            .flags(squeue::Flags::BUFFER_SELECT)
+            .user_data(user_data)
+        } else {
+            on_socket!(conn, |fd| opcode::RecvMulti::new(fd, BUF_GROUP).build())
+                .user_data(user_data)
+        };
         // SAFETY: the receive writes only into provided buffers, which live
         // as long as the ring; the descriptor stays open while the request
         // is in flight (`flying`).
         if unsafe { self.uring.push(&entry) }.is_ok() {
             conn.recv_armed = true;
             conn.flying += 1;
+        }
+    }
+
+    /// A lane of ours posted a request on connection `slot`: its answer is
+    /// awaited, so the connection receives by busy receives from the next
+    /// commit on (see [`SPIN_ROUNDS`]). The multishot receive, if armed, is
+    /// canceled; its last completion arms the first busy receive.
+    fn start_spin(&mut self, slot: u32) {
+        let Some(conn) = live(&mut self.conns, slot) else {
+            return;
+        };
+        conn.spin = SPIN_ROUNDS;
+        if conn.spinning || conn.closing {
+            return;
+        }
+        conn.spinning = true;
+        self.spinners.push(slot);
+        if conn.recv_armed && conn.direct == Direct::Off {
+            let recv = uring::user_data(Tag::Recv, slot, conn.generation);
+            let entry = opcode::AsyncCancel::new(recv)
+                .build()
+                .user_data(uring::user_data(Tag::Cancel, slot, conn.generation));
+            // SAFETY: a cancellation names no memory.
+            let _ = unsafe { self.uring.push(&entry) };
         }
     }
 
@@ -550,12 +655,12 @@ impl Tcp {
         let conn = self.conns[slot as usize]
             .as_deref_mut()
             .expect("just added");
-        let entry = opcode::Connect::new(
-            types::Fd(conn.fd.as_raw_fd()),
+        let entry = on_socket!(conn, |fd| opcode::Connect::new(
+            fd,
             conn.peer.as_ptr(),
             conn.peer.len(),
         )
-        .build()
+        .build())
         .user_data(uring::user_data(Tag::Connect, slot, conn.generation));
         // SAFETY: the address lives in the boxed connection, which is
         // freed only after this request completes (`flying`).
@@ -683,7 +788,11 @@ impl Tcp {
             .and_then(|c| c.as_deref())
             .is_some_and(|c| c.closing && c.flying == 0);
         if free {
-            self.conns[slot as usize] = None;
+            if let Some(conn) = self.conns[slot as usize].take() {
+                if let Some(index) = conn.fixed {
+                    self.uring.unfix(index);
+                }
+            }
             self.free_conns.push(slot);
         }
     }
@@ -820,10 +929,10 @@ impl Tcp {
     }
 
     fn send_entry(conn: &Conn, slot: u32, msg: *const libc::msghdr) -> io_uring::squeue::Entry {
-        opcode::SendMsg::new(types::Fd(conn.fd.as_raw_fd()), msg)
+        on_socket!(conn, |fd| opcode::SendMsg::new(fd, msg)
             .flags((libc::MSG_NOSIGNAL | libc::MSG_WAITALL) as u32)
-            .build()
-            .user_data(uring::user_data(Tag::Send, slot, conn.generation))
+            .build())
+        .user_data(uring::user_data(Tag::Send, slot, conn.generation))
     }
 
     fn on_recv(&mut self, slot: u32, generation: u32, res: i32, flags: u32) {
@@ -844,11 +953,32 @@ impl Tcp {
         }
         match (res, bid) {
             (n, Some(bid)) if n > 0 => {
+                if conn.spinning && n as u32 >= self.config.recv_buffer_size {
+                    // A full buffer: a stream, which the multishot
+                    // receive takes faster (many buffers per entry).
+                    conn.spin = 0;
+                }
                 conn.backlog.push_back((bid, n as u32, 0));
+                let spinning = conn.spinning;
                 self.drain(slot);
                 if !more {
-                    self.receive_again(slot);
+                    if spinning
+                        && live(&mut self.conns, slot).is_some_and(|c| c.direct == Direct::Off)
+                    {
+                        // Not in this round's commit: the application
+                        // sees what came without waiting for another
+                        // `io_uring_enter` (as AckHold).
+                        self.spin_next.push(slot);
+                    } else {
+                        self.receive_again(slot);
+                    }
                 }
+            }
+            (n, _) if n == -libc_errno::EAGAIN && conn.spinning => {
+                // A busy receive found nothing.
+                conn.spin = conn.spin.saturating_sub(1);
+                self.uring.recycle(bid);
+                self.receive_again(slot);
             }
             (n, _) if n == -libc_errno::ENOBUFS || n == -libc_errno::ECANCELED => {
                 // Out of receive buffers, canceled when the thread that
@@ -913,10 +1043,10 @@ impl Tcp {
             return;
         };
         let dst = (addr + u64::from(at)) as usize as *mut u8;
-        let entry = opcode::Recv::new(types::Fd(conn.fd.as_raw_fd()), dst, h.len - at)
+        let entry = on_socket!(conn, |fd| opcode::Recv::new(fd, dst, h.len - at)
             .flags(libc::MSG_WAITALL)
-            .build()
-            .user_data(uring::user_data(Tag::Direct, slot, conn.generation));
+            .build())
+        .user_data(uring::user_data(Tag::Direct, slot, conn.generation));
         // SAFETY: `[dst, dst + len)` is the rest of a PUT's range, checked
         // against a live registration when its header came; the
         // registration stays until this receive completes: deregistering
@@ -1059,15 +1189,21 @@ impl Tcp {
             let big = h.opcode == Opcode::Put && h.len - at >= config.direct_min;
             if big
                 && conn.direct == Direct::Off
-                && conn.recv_armed
+                && (conn.recv_armed || conn.spinning)
                 && conn.serve.write_target().is_some()
             {
-                let recv = uring::user_data(Tag::Recv, slot, conn.generation);
-                let entry = opcode::AsyncCancel::new(recv)
-                    .build()
-                    .user_data(uring::user_data(Tag::Cancel, slot, conn.generation));
-                // SAFETY: a cancellation names no memory.
-                if unsafe { uring.push(&entry) }.is_ok() {
+                if conn.recv_armed {
+                    let recv = uring::user_data(Tag::Recv, slot, conn.generation);
+                    let entry = opcode::AsyncCancel::new(recv)
+                        .build()
+                        .user_data(uring::user_data(Tag::Cancel, slot, conn.generation));
+                    // SAFETY: a cancellation names no memory.
+                    if unsafe { uring.push(&entry) }.is_ok() {
+                        conn.direct = Direct::Stopping;
+                    }
+                } else {
+                    // Busy receiving, none in flight: the direct receive
+                    // starts where the next one would (`arm_recv`).
                     conn.direct = Direct::Stopping;
                 }
             }
@@ -1554,6 +1690,7 @@ impl Driver for Tcp {
             eps,
             conns,
             to_send,
+            to_spin,
             ..
         } = self;
         let Some(endpoint) = eps.get_mut(ep.0 as usize).and_then(Option::as_mut) else {
@@ -1659,6 +1796,11 @@ impl Driver for Tcp {
         lane.push(token, wants);
         let slot = lane.conn;
         Self::want_send(to_send, slot, conn);
+        // Once per connection until the commit takes the list.
+        if !conn.spinning && conn.spin != SPIN_ROUNDS {
+            to_spin.push(slot);
+        }
+        conn.spin = SPIN_ROUNDS;
         Posted::InFlight
     }
 
@@ -1712,9 +1854,24 @@ impl Driver for Tcp {
         if !self.accept_armed {
             self.arm_accept();
         }
-        for slot in std::mem::take(&mut self.rearm) {
+        let mut to_spin = std::mem::take(&mut self.to_spin);
+        for &slot in &to_spin {
+            self.start_spin(slot);
+        }
+        to_spin.clear();
+        self.to_spin = to_spin;
+        let mut rearm = std::mem::take(&mut self.rearm);
+        for &slot in &rearm {
             self.arm_recv(slot);
         }
+        rearm.clear();
+        // For the next commit: what arming asked for again, and busy
+        // receives that found data this round.
+        rearm.append(&mut self.rearm);
+        rearm.append(&mut self.spin_next);
+        self.rearm = rearm;
+        self.spinners
+            .retain(|&slot| live(&mut self.conns, slot).is_some_and(|c| c.spinning && !c.closing));
         let Tcp {
             uring,
             conns,
@@ -1746,9 +1903,10 @@ impl Driver for Tcp {
             conn.ack = AckHold::None;
             false
         });
-        if !held_acks.is_empty() {
+        if !held_acks.is_empty() || !self.spinners.is_empty() {
             // A core thread that sleeps after this round must wake up for
-            // the next one, which sends them (AckHold).
+            // the next one, which sends them (AckHold), or which receives
+            // what no armed receive would signal (SPIN_ROUNDS).
             uring.keep_readable();
         }
         self.start_sends();
@@ -1761,8 +1919,10 @@ impl Driver for Tcp {
         let mut n = self.emit(out, 0);
         let mut budget = CQES_PER_POLL.max(out.len());
         while n < out.len() && budget > 0 {
-            // Never re-armed while an ACK is held (AckHold).
-            let Some(cqe) = self.uring.next(self.held_acks.is_empty()) else {
+            // Never re-armed while an ACK is held (AckHold) or a
+            // connection busy-receives (SPIN_ROUNDS).
+            let rearm = self.held_acks.is_empty() && self.spinners.is_empty();
+            let Some(cqe) = self.uring.next(rearm) else {
                 break;
             };
             budget -= 1;

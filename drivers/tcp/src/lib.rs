@@ -44,7 +44,17 @@
 //!   everything with one `io_uring_enter` (none when nothing is pending).
 //!   Receives are multishot over a provided-buffer ring; the ring's CQ
 //!   eventfd is the driver's wake descriptor, so a sleeping core thread
-//!   wakes on network traffic.
+//!   wakes on network traffic. Sockets are entered in the ring's
+//!   fixed-file table (no descriptor lookup per request).
+//! - **Busy receives while an answer is awaited.** A connection a lane has
+//!   just posted on receives by one nonblocking `RECV` per round, inside
+//!   the round's `io_uring_enter`, instead of the multishot receive, whose
+//!   poll leaves an arrival to task work that only the next enter runs. A
+//!   round whose receive found data does not receive again in its own
+//!   commit (the application sees the data first). After 64 empty busy
+//!   receives, or a full buffer (a stream), the multishot receive is back;
+//!   meanwhile the wake descriptor stays readable. 8-byte one-way latency
+//!   on loopback 6.8 → 5.7 µs, with the fixed files.
 //! - **Receives run in the polling thread.** The ring is set up with
 //!   cooperative task running: the kernel does not interrupt the thread
 //!   (an IPI) to finish a receive, it flags the ring, and `poll` answers the

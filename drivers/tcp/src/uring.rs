@@ -8,7 +8,7 @@ use io_uring::{IoUring, cqueue, squeue, types};
 use memmap2::MmapMut;
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::Duration;
 
@@ -130,6 +130,9 @@ impl BufRing {
 /// [`Uring::next`]).
 const EVENTFD_IDLE_POLLS: u32 = 64;
 
+/// Entries of the fixed-file table: connection slots below this get one.
+const FIXED_FILES: u32 = 1024;
+
 /// The ring, its eventfd and its receive buffers.
 pub(crate) struct Uring {
     // Dropped first: the kernel lets go of the buffers before they are
@@ -150,6 +153,8 @@ pub(crate) struct Uring {
     /// taken (or the driver wrote the eventfd itself): the eventfd is
     /// readable until the next read.
     readable: bool,
+    /// Entries of the ring's fixed-file table (0: the kernel refused it).
+    fixed_files: u32,
 }
 
 impl std::fmt::Debug for Uring {
@@ -207,15 +212,46 @@ impl Uring {
                 .map_err(io::Error::from)?;
         ring.submitter()
             .register_eventfd(eventfd.as_fd().as_raw_fd())?;
+        // A fixed-file table for the connections' sockets: requests on a
+        // fixed file skip the lookup and reference count of their
+        // descriptor (`fget`/`fput`, 3% of the CPU time of an 8-byte PUT
+        // ping-pong). Without it, descriptors are used.
+        let fixed_files = match ring.submitter().register_files_sparse(FIXED_FILES) {
+            Ok(()) => FIXED_FILES,
+            Err(_) => 0,
+        };
         Ok(Uring {
             ring,
             bufs,
             eventfd,
+            fixed_files,
             signaled: true,
             idle: 0,
             before_read: 0,
             readable: false,
         })
+    }
+
+    /// Enters `fd` in the fixed-file table at `index` (a connection's
+    /// slot); the index to name it by, or `None` (no table, an index past
+    /// it, a refusal): then requests name the descriptor. Control path.
+    pub(crate) fn fix(&mut self, index: u32, fd: RawFd) -> Option<u32> {
+        if index >= self.fixed_files {
+            return None;
+        }
+        match self.ring.submitter().register_files_update(index, &[fd]) {
+            Ok(1) => Some(index),
+            _ => None,
+        }
+    }
+
+    /// Empties fixed-file entry `index` once no request in flight names
+    /// it: the table holds a reference, which would keep the socket open
+    /// after its descriptor is closed.
+    pub(crate) fn unfix(&mut self, index: u32) {
+        if let Err(e) = self.ring.submitter().register_files_update(index, &[-1]) {
+            tracing::warn!(%e, index, "tcp: a fixed file could not be removed");
+        }
     }
 
     /// The CQ eventfd: readable once a completion was posted since the

@@ -672,6 +672,72 @@ fn a_sleeping_target_core_thread_still_acknowledges_every_put() {
     assert!(p.target.core_thread_sleeps() >= 300);
 }
 
+/// The initiator's side of the same: a connection that awaits an answer
+/// busy-receives (no receive armed) for a while, then goes back to its
+/// multishot receive; a core thread that sleeps must be woken by an answer
+/// that comes after that. 100 times: the PUT and FLUSH are submitted, the
+/// target is left unprogressed until the initiator's core thread has gone
+/// to sleep with them in flight, then progressed until both complete.
+#[test]
+fn a_sleeping_initiator_core_thread_wakes_for_late_answers() {
+    let mut p = pair(4096, 1);
+    p.initiator.start_core_thread(None).unwrap();
+    let mut qp = p.initiator.create_queue().unwrap();
+    let src = p.initiator.alloc_registered(4096).unwrap();
+    let remote = RemoteBuf {
+        rkey: p.rkey.as_raw(),
+        addr: p.window.addr(),
+    };
+    let asleep = |w: &Worker, deadline: Instant, what: &str| {
+        while !w.is_core_thread_asleep() {
+            assert!(Instant::now() < deadline, "{what}");
+            std::thread::yield_now();
+        }
+    };
+    for i in 0..100u64 {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        asleep(&p.initiator, deadline, "the core thread never slept");
+        let naps = p.initiator.core_thread_sleeps();
+        src.store_u64(0, i);
+        let sqes = [
+            Sqe::put(p.ep.as_raw(), src.local(0), remote, 8).with_user_data(1),
+            Sqe::flush(p.ep.as_raw()).with_user_data(2),
+        ];
+        let mut pushed = 0;
+        while pushed < sqes.len() {
+            pushed += qp.push_batch(&sqes[pushed..]).unwrap();
+            qp.submit();
+        }
+        // Asleep again, with the PUT unanswered (the target does not run).
+        while p.initiator.core_thread_sleeps() == naps || !p.initiator.is_core_thread_asleep() {
+            assert!(
+                Instant::now() < deadline,
+                "round {i}: the core thread never slept again"
+            );
+            std::thread::yield_now();
+        }
+        let mut got = Vec::new();
+        while got.len() < 2 {
+            p.target.progress();
+            let mut batch = [Cqe::default(); 4];
+            let n = qp.reap(&mut batch).unwrap();
+            got.extend_from_slice(&batch[..n]);
+            assert!(
+                Instant::now() < deadline,
+                "round {i}: {} of 2 completions",
+                got.len()
+            );
+            std::thread::yield_now();
+        }
+        assert_eq!(
+            got.iter().map(|c| (c.user_data, c.res)).collect::<Vec<_>>(),
+            [(1, 8), (2, 0)],
+            "round {i}"
+        );
+        assert_eq!(p.window.load_u64(0), i);
+    }
+}
+
 /// A target dropped right after the round that executed a PUT (its ACK
 /// still held for the next round) sends that ACK as it goes: the PUT
 /// completes successfully at the initiator, 20 times over.
