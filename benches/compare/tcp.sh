@@ -11,7 +11,8 @@
 #      put_rate_8B, put_lat_8B, fence_4lanes), `tcp_send` (plain against
 #      zero-copy io_uring send, 64 KiB and 1 MiB) and `tcp_floor` (a 64-byte
 #      ping-pong on one connection through plain system calls and through
-#      io_uring: the floors under put_lat_8B), with short warm-up and
+#      io_uring, with a receive armed and by busy receives: the floors
+#      under put_lat_8B), with short warm-up and
 #      measurement times;
 #   2. iperf3 with 1 stream and with 4 (-P 4): the kernel's own TCP ceiling;
 #   3. ucx_perftest over UCX's tcp transport (UCX_TLS=tcp,
@@ -91,7 +92,7 @@ for round in $(seq 1 "$ROUNDS"); do
     cargo bench -p ringfence-benches --bench tcp_floor -- \
         --warm-up-time "$WARMUP" --measurement-time "$MEASURE" >"$OUT/tcp_floor.$round.log" 2>&1 \
         || { tail -30 "$OUT/tcp_floor.$round.log" >&2; exit 1; }
-    for how in syscalls io_uring; do
+    for how in syscalls io_uring io_uring_spin; do
         ns=$(median_ns "loopback_pingpong/$how")
         record "floor_${how}_us" "$(python3 -c "print($ns / 1e3)")"
     done
@@ -126,7 +127,7 @@ line("put_bw 1 MiB, 4 lanes", rf, m["ucx_tcp_put_bw_1MiB_GBps"], "UCX tcp put_bw
 rf = m["rf_put_lat_8B_us"]
 line("put latency 8 B", rf, m["ucx_tcp_put_lat_8B_us"], "UCX tcp put_lat", "lower is better")
 line("put latency 8 B", rf, m["ucx_tcp_am_lat_8B_us"], "UCX tcp am_lat", "lower is better")
-for how in ("io_uring", "syscalls"):
+for how in ("io_uring_spin", "io_uring", "syscalls"):
     line("put latency 8 B", rf, m[f"floor_{how}_us"], f"64 B ping-pong, {how}", "lower is better")
     line(f"64 B ping-pong, {how}", m[f"floor_{how}_us"], m["ucx_tcp_put_lat_8B_us"], "UCX tcp put_lat", "lower is better")
 print(f"{'put rate 8 B (M/s)':<34}{m['rf_put_rate_8B_Mps']:>11.3f}")

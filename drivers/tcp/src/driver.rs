@@ -1854,26 +1854,7 @@ impl Driver for Tcp {
         if !self.accept_armed {
             self.arm_accept();
         }
-        let mut to_spin = std::mem::take(&mut self.to_spin);
-        for &slot in &to_spin {
-            self.start_spin(slot);
-        }
-        to_spin.clear();
-        self.to_spin = to_spin;
-        let mut rearm = std::mem::take(&mut self.rearm);
-        for &slot in &rearm {
-            self.arm_recv(slot);
-        }
-        rearm.clear();
-        // For the next commit: what arming asked for again, and busy
-        // receives that found data this round.
-        rearm.append(&mut self.rearm);
-        rearm.append(&mut self.spin_next);
-        self.rearm = rearm;
-        self.spinners
-            .retain(|&slot| live(&mut self.conns, slot).is_some_and(|c| c.spinning && !c.closing));
         let Tcp {
-            uring,
             conns,
             to_send,
             held_acks,
@@ -1903,13 +1884,34 @@ impl Driver for Tcp {
             conn.ack = AckHold::None;
             false
         });
-        if !held_acks.is_empty() || !self.spinners.is_empty() {
+        // Sends first: the kernel runs the entries in order, and a busy
+        // receive ahead of a send would delay it by a receive that cannot
+        // find its answer yet (SPIN_ROUNDS).
+        self.start_sends();
+        let mut to_spin = std::mem::take(&mut self.to_spin);
+        for &slot in &to_spin {
+            self.start_spin(slot);
+        }
+        to_spin.clear();
+        self.to_spin = to_spin;
+        let mut rearm = std::mem::take(&mut self.rearm);
+        for &slot in &rearm {
+            self.arm_recv(slot);
+        }
+        rearm.clear();
+        // For the next commit: what arming asked for again, and busy
+        // receives that found data this round.
+        rearm.append(&mut self.rearm);
+        rearm.append(&mut self.spin_next);
+        self.rearm = rearm;
+        self.spinners
+            .retain(|&slot| live(&mut self.conns, slot).is_some_and(|c| c.spinning && !c.closing));
+        if !self.held_acks.is_empty() || !self.spinners.is_empty() {
             // A core thread that sleeps after this round must wake up for
             // the next one, which sends them (AckHold), or which receives
             // what no armed receive would signal (SPIN_ROUNDS).
-            uring.keep_readable();
+            self.uring.keep_readable();
         }
-        self.start_sends();
         if let Err(e) = self.uring.submit() {
             tracing::warn!(%e, "tcp: io_uring submit failed");
         }
