@@ -111,13 +111,27 @@ impl Side for Syscalls {
     }
 }
 
-/// io_uring as the driver sets it up: a one-shot `RECV` kept armed, `SEND`,
-/// entering only for task work or a submission.
+/// How an io_uring side receives.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Receive {
+    /// A one-shot `RECV` kept armed; the side enters only for task work
+    /// or a submission (as the driver's `poll` and `commit` did before
+    /// busy receives).
+    Armed,
+    /// A `RECV` with `MSG_DONTWAIT` submitted on every empty spin (it
+    /// completes inline, data or `EAGAIN`; no poll is armed): what the
+    /// driver does while a connection awaits an answer.
+    Busy,
+}
+
+/// io_uring set up as the driver sets it up (cooperative task running,
+/// the task-run flag), sending with `SEND`.
 struct Uring {
     ring: IoUring,
     s: TcpStream,
     rbuf: Box<[u8; MSG]>,
     sbuf: Box<[u8; MSG]>,
+    how: Receive,
     armed: bool,
 }
 
@@ -125,7 +139,7 @@ const RECV: u64 = 1;
 const SEND: u64 = 2;
 
 impl Uring {
-    fn new(s: TcpStream) -> Uring {
+    fn new(s: TcpStream, how: Receive) -> Uring {
         let ring = IoUring::builder()
             .setup_coop_taskrun()
             .setup_taskrun_flag()
@@ -136,45 +150,39 @@ impl Uring {
             s,
             rbuf: Box::new([0; MSG]),
             sbuf: Box::new([7; MSG]),
+            how,
             armed: false,
         }
+    }
+
+    /// A `RECV` of the rest of a message, after `have` bytes of it.
+    fn recv_entry(&mut self, have: usize, flags: i32) -> io_uring::squeue::Entry {
+        let fd = types::Fd(self.s.as_raw_fd());
+        let rest = self.rbuf[have..].as_mut_ptr();
+        opcode::Recv::new(fd, rest, (MSG - have) as u32)
+            .flags(flags)
+            .build()
+            .user_data(RECV)
+    }
+
+    fn push(&mut self, entry: &io_uring::squeue::Entry) {
+        // SAFETY: the buffers entries name, `rbuf` and `sbuf`, are boxed
+        // and live as long as the ring (dropped after it: field order),
+        // which ends every request it holds.
+        unsafe { self.ring.submission().push(entry) }.expect("SQ room");
     }
 
     fn arm(&mut self) {
         if self.armed {
             return;
         }
-        let fd = types::Fd(self.s.as_raw_fd());
-        let entry = opcode::Recv::new(fd, self.rbuf.as_mut_ptr(), MSG as u32)
-            .flags(libc::MSG_WAITALL)
-            .build()
-            .user_data(RECV);
-        // SAFETY: `rbuf` is boxed and lives as long as the ring (dropped
-        // after it: field order), which ends every request it holds.
-        unsafe { self.ring.submission().push(&entry) }.expect("SQ room");
+        let entry = self.recv_entry(0, libc::MSG_WAITALL);
+        self.push(&entry);
         self.armed = true;
     }
-}
 
-impl Side for Uring {
-    fn send(&mut self) {
-        let fd = types::Fd(self.s.as_raw_fd());
-        let entry = opcode::Send::new(fd, self.sbuf.as_ptr(), MSG as u32)
-            .flags(libc::MSG_WAITALL)
-            .build()
-            .user_data(SEND);
-        // SAFETY: `sbuf` is boxed and outlives the ring's requests (as
-        // `rbuf`).
-        unsafe { self.ring.submission().push(&entry) }.expect("SQ room");
-        self.arm();
-        self.ring.submit().unwrap();
-    }
-
-    fn socket(&self) -> &TcpStream {
-        &self.s
-    }
-
-    fn recv(&mut self) -> bool {
+    /// Receives with a `RECV` kept armed (`Receive::Armed`).
+    fn recv_armed(&mut self) -> bool {
         if !self.armed {
             self.arm();
             self.ring.submit().unwrap();
@@ -206,62 +214,15 @@ impl Side for Uring {
             spins += 1;
         }
     }
-}
 
-/// io_uring busy-polled: a `RECV` with `MSG_DONTWAIT` submitted on every
-/// empty spin (it completes inline, data or `EAGAIN`; no poll is armed).
-struct UringSpin {
-    ring: IoUring,
-    s: TcpStream,
-    rbuf: Box<[u8; MSG]>,
-    sbuf: Box<[u8; MSG]>,
-}
-
-impl UringSpin {
-    fn new(s: TcpStream) -> UringSpin {
-        let ring = IoUring::builder()
-            .setup_coop_taskrun()
-            .setup_taskrun_flag()
-            .build(64)
-            .unwrap();
-        UringSpin {
-            ring,
-            s,
-            rbuf: Box::new([0; MSG]),
-            sbuf: Box::new([7; MSG]),
-        }
-    }
-}
-
-impl Side for UringSpin {
-    fn send(&mut self) {
-        let fd = types::Fd(self.s.as_raw_fd());
-        let entry = opcode::Send::new(fd, self.sbuf.as_ptr(), MSG as u32)
-            .flags(libc::MSG_WAITALL)
-            .build()
-            .user_data(SEND);
-        // SAFETY: `sbuf` is boxed and outlives the ring's requests.
-        unsafe { self.ring.submission().push(&entry) }.expect("SQ room");
-        self.ring.submit().unwrap();
-    }
-
-    fn socket(&self) -> &TcpStream {
-        &self.s
-    }
-
-    fn recv(&mut self) -> bool {
+    /// Receives by busy receives (`Receive::Busy`).
+    fn recv_busy(&mut self) -> bool {
         let mut have = 0usize;
         let mut spins = 0u64;
         loop {
-            let fd = types::Fd(self.s.as_raw_fd());
-            let rest = self.rbuf[have..].as_mut_ptr();
-            let entry = opcode::Recv::new(fd, rest, (MSG - have) as u32)
-                .flags(libc::MSG_DONTWAIT)
-                .build()
-                .user_data(RECV);
-            // SAFETY: `rbuf` is boxed and outlives the ring (field order);
-            // the receive completes inside this `submit` (nonblocking).
-            unsafe { self.ring.submission().push(&entry) }.expect("SQ room");
+            // Nonblocking: it completes inside this `submit`.
+            let entry = self.recv_entry(have, libc::MSG_DONTWAIT);
+            self.push(&entry);
             self.ring.submit().unwrap();
             let mut got = None;
             for c in self.ring.completion() {
@@ -282,6 +243,32 @@ impl Side for UringSpin {
                     spins += 1;
                 }
             }
+        }
+    }
+}
+
+impl Side for Uring {
+    fn send(&mut self) {
+        let fd = types::Fd(self.s.as_raw_fd());
+        let entry = opcode::Send::new(fd, self.sbuf.as_ptr(), MSG as u32)
+            .flags(libc::MSG_WAITALL)
+            .build()
+            .user_data(SEND);
+        self.push(&entry);
+        if self.how == Receive::Armed {
+            self.arm();
+        }
+        self.ring.submit().unwrap();
+    }
+
+    fn socket(&self) -> &TcpStream {
+        &self.s
+    }
+
+    fn recv(&mut self) -> bool {
+        match self.how {
+            Receive::Armed => self.recv_armed(),
+            Receive::Busy => self.recv_busy(),
         }
     }
 }
@@ -323,13 +310,18 @@ fn main() {
     let (a, b) = pair();
     bench(&mut c, "syscalls", Syscalls::new(a), Syscalls::new(b));
     let (a, b) = pair();
-    bench(&mut c, "io_uring", Uring::new(a), Uring::new(b));
+    bench(
+        &mut c,
+        "io_uring",
+        Uring::new(a, Receive::Armed),
+        Uring::new(b, Receive::Armed),
+    );
     let (a, b) = pair();
     bench(
         &mut c,
         "io_uring_spin",
-        UringSpin::new(a),
-        UringSpin::new(b),
+        Uring::new(a, Receive::Busy),
+        Uring::new(b, Receive::Busy),
     );
     c.final_summary();
 }

@@ -616,6 +616,54 @@ fn a_dead_target_fails_every_request_once_and_the_worker_serves_others() {
     assert_eq!(&got, b"still here");
 }
 
+/// A PUT of `i` from `src` into the window's first 8 bytes (user data 1),
+/// then a FLUSH (user data 2).
+fn put_then_flush(p: &Pair, src: &RegisteredBuf, i: u64) -> [Sqe; 2] {
+    src.store_u64(0, i);
+    let remote = RemoteBuf {
+        rkey: p.rkey.as_raw(),
+        addr: p.window.addr(),
+    };
+    [
+        Sqe::put(p.ep.as_raw(), src.local(0), remote, 8).with_user_data(1),
+        Sqe::flush(p.ep.as_raw()).with_user_data(2),
+    ]
+}
+
+/// Pushes what is left of `sqes` (a `put_then_flush`, `pushed` of them
+/// pushed already) and runs `progress` until both have completed,
+/// successfully and in order, by `deadline` (round `round`, for messages).
+fn finish_put_then_flush(
+    qp: &mut QueuePair,
+    sqes: &[Sqe; 2],
+    mut pushed: usize,
+    (round, deadline): (u64, Instant),
+    progress: impl Fn(),
+) {
+    let mut got = Vec::new();
+    while got.len() < 2 {
+        if pushed < sqes.len() {
+            pushed += qp.push_batch(&sqes[pushed..]).unwrap();
+            qp.submit();
+        }
+        progress();
+        let mut batch = [Cqe::default(); 4];
+        let n = qp.reap(&mut batch).unwrap();
+        got.extend_from_slice(&batch[..n]);
+        assert!(
+            Instant::now() < deadline,
+            "round {round}: {} of 2 completions",
+            got.len()
+        );
+        std::thread::yield_now();
+    }
+    assert_eq!(
+        got.iter().map(|c| (c.user_data, c.res)).collect::<Vec<_>>(),
+        [(1, 8), (2, 0)],
+        "round {round}"
+    );
+}
+
 /// The target's ACKs wait one round (the round that lands a PUT returns
 /// at once): a target whose core thread falls asleep right after that
 /// round must still send them. 300 times: the target's core thread asleep,
@@ -627,10 +675,6 @@ fn a_sleeping_target_core_thread_still_acknowledges_every_put() {
     p.target.start_core_thread(None).unwrap();
     let mut qp = p.initiator.create_queue().unwrap();
     let src = p.initiator.alloc_registered(4096).unwrap();
-    let remote = RemoteBuf {
-        rkey: p.rkey.as_raw(),
-        addr: p.window.addr(),
-    };
     for i in 0..300u64 {
         // Until the core thread has gone to sleep (bounded, yielding).
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -639,35 +683,11 @@ fn a_sleeping_target_core_thread_still_acknowledges_every_put() {
             p.initiator.progress();
             std::thread::yield_now();
         }
-        src.store_u64(0, i);
-        let sqes = [
-            Sqe::put(p.ep.as_raw(), src.local(0), remote, 8).with_user_data(1),
-            Sqe::flush(p.ep.as_raw()).with_user_data(2),
-        ];
-        let mut pushed = 0;
-        let mut got = Vec::new();
-        while got.len() < 2 {
-            if pushed < sqes.len() {
-                pushed += qp.push_batch(&sqes[pushed..]).unwrap();
-                qp.submit();
-            }
+        let sqes = put_then_flush(&p, &src, i);
+        finish_put_then_flush(&mut qp, &sqes, 0, (i, deadline), || {
             p.initiator.progress();
-            let mut batch = [Cqe::default(); 4];
-            let n = qp.reap(&mut batch).unwrap();
-            got.extend_from_slice(&batch[..n]);
-            assert!(
-                Instant::now() < deadline,
-                "round {i}: {} of 2 completions",
-                got.len()
-            );
-            std::thread::yield_now();
-        }
-        assert_eq!(
-            got.iter().map(|c| (c.user_data, c.res)).collect::<Vec<_>>(),
-            [(1, 8), (2, 0)],
-            "round {i}"
-        );
-        assert_eq!(p.window.load_u64(0), i);
+        });
+        assert_eq!(p.window.load_u64(0), i, "round {i}");
     }
     assert!(p.target.core_thread_sleeps() >= 300);
 }
@@ -684,10 +704,6 @@ fn a_sleeping_initiator_core_thread_wakes_for_late_answers() {
     p.initiator.start_core_thread(None).unwrap();
     let mut qp = p.initiator.create_queue().unwrap();
     let src = p.initiator.alloc_registered(4096).unwrap();
-    let remote = RemoteBuf {
-        rkey: p.rkey.as_raw(),
-        addr: p.window.addr(),
-    };
     let asleep = |w: &Worker, deadline: Instant, what: &str| {
         while !w.is_core_thread_asleep() {
             assert!(Instant::now() < deadline, "{what}");
@@ -698,11 +714,7 @@ fn a_sleeping_initiator_core_thread_wakes_for_late_answers() {
         let deadline = Instant::now() + Duration::from_secs(60);
         asleep(&p.initiator, deadline, "the core thread never slept");
         let naps = p.initiator.core_thread_sleeps();
-        src.store_u64(0, i);
-        let sqes = [
-            Sqe::put(p.ep.as_raw(), src.local(0), remote, 8).with_user_data(1),
-            Sqe::flush(p.ep.as_raw()).with_user_data(2),
-        ];
+        let sqes = put_then_flush(&p, &src, i);
         let mut pushed = 0;
         while pushed < sqes.len() {
             pushed += qp.push_batch(&sqes[pushed..]).unwrap();
@@ -716,25 +728,10 @@ fn a_sleeping_initiator_core_thread_wakes_for_late_answers() {
             );
             std::thread::yield_now();
         }
-        let mut got = Vec::new();
-        while got.len() < 2 {
+        finish_put_then_flush(&mut qp, &sqes, pushed, (i, deadline), || {
             p.target.progress();
-            let mut batch = [Cqe::default(); 4];
-            let n = qp.reap(&mut batch).unwrap();
-            got.extend_from_slice(&batch[..n]);
-            assert!(
-                Instant::now() < deadline,
-                "round {i}: {} of 2 completions",
-                got.len()
-            );
-            std::thread::yield_now();
-        }
-        assert_eq!(
-            got.iter().map(|c| (c.user_data, c.res)).collect::<Vec<_>>(),
-            [(1, 8), (2, 0)],
-            "round {i}"
-        );
-        assert_eq!(p.window.load_u64(0), i);
+        });
+        assert_eq!(p.window.load_u64(0), i, "round {i}");
     }
 }
 
