@@ -323,8 +323,10 @@ pub(crate) struct FlushParts {
     /// Endpoint lanes whose driver has not accepted its part yet (it had
     /// no room): retried from dispatch.
     pub remaining: LaneMask,
-    /// Parts in flight at their drivers.
-    pub pending: u32,
+    /// The groups (bit `i`: `EndpointCold::groups[i]`) whose part is in
+    /// flight at their driver. A group's part completes once: a second
+    /// completion from the same driver finds its bit clear and is stray.
+    pub pending: u8,
     /// The first part's failure.
     pub error: Option<Status>,
 }
@@ -349,9 +351,13 @@ pub(crate) struct EndpointCold {
     /// The lane groups: one per driver the endpoint has lanes on, in lane
     /// order (one group covering every lane for most endpoints).
     pub groups: Vec<LaneGroup>,
-    /// Driver handshakes not finished yet (the endpoint is `CONNECTING`
-    /// while this is non-zero).
+    /// The groups whose driver handshake has not finished yet (bit `i`:
+    /// `groups[i]`; the endpoint is `CONNECTING` while this is non-zero).
     pub pending_connects: u8,
+    /// Which connect attempt made this endpoint: its handshakes' tokens
+    /// carry it (an attempt refused at once gives its endpoint index to
+    /// the next one).
+    pub connect_attempt: u32,
     /// The parts of the in-flight fence flush (endpoints with several lane
     /// groups only; valid while `Endpoint::flushing != 0`).
     pub fence_parts: FlushParts,
@@ -384,13 +390,18 @@ pub(crate) struct EndpointCold {
 }
 
 impl EndpointCold {
-    pub(crate) fn new(groups: Vec<LaneGroup>, pending_connects: u8) -> EndpointCold {
+    pub(crate) fn new(
+        groups: Vec<LaneGroup>,
+        pending_connects: u8,
+        connect_attempt: u32,
+    ) -> EndpointCold {
         let lanes = groups.iter().map(|g| g.lanes).sum::<u8>();
         EndpointCold {
             stats: Stats::default(),
             user_flushes: Vec::with_capacity(if groups.len() > 1 { 8 } else { 0 }),
             groups,
             pending_connects,
+            connect_attempt,
             fence_parts: FlushParts::default(),
             dirty_generation: vec![0; lanes as usize],
             flush_generation: vec![0; lanes as usize],
@@ -402,6 +413,14 @@ impl EndpointCold {
             // allocating (more than one at a time grows it once).
             quiet_parts: Vec::with_capacity(1),
         }
+    }
+
+    /// The index of the group on driver `driver` (an endpoint has at most
+    /// one group per driver).
+    pub(crate) fn group_on(&self, driver: usize) -> Option<usize> {
+        self.groups
+            .iter()
+            .position(|g| usize::from(g.driver) == driver)
     }
 
     /// The group that holds endpoint lane `lane`, and its index.

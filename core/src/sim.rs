@@ -175,6 +175,8 @@ struct State {
     connect_timing: SimTiming,
     /// Statuses for the next handshakes to fail with, in order.
     connect_failures: VecDeque<Status>,
+    /// Statuses for the next `connect` calls to refuse with at once.
+    connect_refusals: VecDeque<Status>,
     lane_depth: usize,
     seed: u64,
     reseed: bool,
@@ -237,6 +239,13 @@ impl SimHandle {
     /// one more, in order).
     pub fn fail_connect(&self, status: Status) {
         self.state().connect_failures.push_back(status);
+    }
+
+    /// The next `connect` call returns `Err` with `status` at once, as a
+    /// driver does for a malformed address or a peer it knows is gone
+    /// (each call programs one more, in order).
+    pub fn refuse_connect(&self, status: Status) {
+        self.state().connect_refusals.push_back(status);
     }
 
     /// Operations one lane holds before `post` answers `NoResource`
@@ -464,6 +473,7 @@ impl<D: Driver> SimDriver<D> {
             timing: SimTiming::Polls(1),
             connect_timing: SimTiming::Polls(1),
             connect_failures: VecDeque::new(),
+            connect_refusals: VecDeque::new(),
             lane_depth: 4096,
             seed: 0x2545_f491_4f6c_dd1d,
             reseed: true,
@@ -903,6 +913,9 @@ impl<D: Driver> Driver for SimDriver<D> {
     }
 
     fn connect(&mut self, peer: &[u8], lanes: u8, token: Token) -> Result<Connect, DriverError> {
+        if let Some(status) = self.state().connect_refusals.pop_front() {
+            return Err(DriverError::new(status, "connect refused (programmed)"));
+        }
         let (ep, handshake) = match self.inner.connect(peer, lanes, token)? {
             Connect::Done(ep) => (ep, true),
             // The inner driver runs a handshake of its own: its completion

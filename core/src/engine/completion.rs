@@ -15,7 +15,7 @@ impl Engine {
                 let n = self.drivers[d].poll(&mut self.scratch);
                 for i in 0..n {
                     let c = self.scratch[i];
-                    self.on_completion(c);
+                    self.on_completion(d, c);
                 }
                 work += n;
                 if n < self.scratch.len() {
@@ -26,25 +26,29 @@ impl Engine {
         work
     }
 
-    pub(super) fn on_completion(&mut self, c: Completion) {
+    /// Applies completion `c`, which driver `d` returned.
+    pub(super) fn on_completion(&mut self, d: usize, c: Completion) {
         match Named::of(c.token) {
-            Some(Named::Request(id)) => self.request_done(id, None, c.result),
-            Some(Named::Flush { id, serial }) => self.request_done(id, Some(serial), c.result),
-            Some(Named::Connect(e)) => self.connect_done(e, c.result),
-            Some(Named::Fence { endpoint, serial }) => {
-                self.fence_part_done(endpoint, serial, c.result);
+            Named::Request(id) => self.request_done(d, id, None, c.result),
+            Named::Flush { id, serial } => self.request_done(d, id, Some(serial), c.result),
+            Named::Connect { endpoint, attempt } => {
+                self.connect_done(d, endpoint, attempt, c.result);
             }
-            Some(Named::WorkerPart { endpoint, flush }) => {
-                self.worker_part_done(endpoint, flush, c.result);
+            Named::Fence { endpoint, serial } => {
+                self.fence_part_done(d, endpoint, serial, c.result);
             }
-            None => self.stray_completions += 1,
+            Named::WorkerPart {
+                endpoint,
+                flush,
+                serial,
+            } => self.worker_part_done(d, endpoint, flush, serial, c.result),
         }
     }
 
     /// A completion of fence flush `serial` of endpoint `e`: the flush in
     /// flight's, or stray (an earlier flush's late or duplicated
     /// completion, or none in flight: R25). Stray, it changes nothing.
-    fn fence_part_done(&mut self, e: usize, serial: u32, result: Result<u32, Status>) {
+    fn fence_part_done(&mut self, d: usize, e: usize, serial: u32, result: Result<u32, Status>) {
         let live = self.endpoints.get(e).is_some_and(|ep| ep.flushing != 0)
             && Named::same_serial(self.cold[e].fence_serial, serial);
         if !live {
@@ -52,7 +56,7 @@ impl Engine {
             return;
         }
         let result = if self.endpoints[e].has(MIXED) {
-            let Some(all) = self.split_part_done(e, None, result) else {
+            let Some(all) = self.split_part_done(d, e, None, result) else {
                 return;
             };
             all
@@ -67,7 +71,13 @@ impl Engine {
     /// A completion of request `id`, posted to a driver: of its flush
     /// number `serial` if it is a user FLUSH or CLOSE. A completion that
     /// does not match what the slot holds now is stray.
-    fn request_done(&mut self, id: RequestId, serial: Option<u32>, result: Result<u32, Status>) {
+    fn request_done(
+        &mut self,
+        d: usize,
+        id: RequestId,
+        serial: Option<u32>,
+        result: Result<u32, Status>,
+    ) {
         let live = self
             .queues
             .get(id.queue())
@@ -90,7 +100,7 @@ impl Engine {
         if self.endpoints[e].has(MIXED) && matches!(request.opcode(), Opcode::FLUSH | Opcode::CLOSE)
         {
             // One part of a flush split over the endpoint's drivers.
-            let Some(all) = self.split_part_done(e, Some(id.0), result) else {
+            let Some(all) = self.split_part_done(d, e, Some(id.0), result) else {
                 return;
             };
             result = all;

@@ -22,8 +22,16 @@ impl Engine {
     ) -> Result<u32, (usize, DriverError)> {
         debug_assert!(!groups.is_empty() && groups.len() <= crate::memory::MAX_GROUPS);
         // The endpoint's index is known before it exists: the engine lock
-        // is held, and endpoints are only ever appended.
-        let token = Named::Connect(self.endpoints.len()).token();
+        // is held, and endpoints are only ever appended. The attempt's
+        // serial tells this attempt from an earlier one refused at once,
+        // which had the same index (its handshakes come back canceled).
+        self.connect_attempts = self.connect_attempts.wrapping_add(1);
+        let attempt = self.connect_attempts;
+        let token = Named::Connect {
+            endpoint: self.endpoints.len(),
+            attempt,
+        }
+        .token();
         let mut started: Vec<LaneGroup> = Vec::with_capacity(groups.len());
         let mut pending = 0u8;
         let mut first = 0u8;
@@ -31,7 +39,7 @@ impl Engine {
             let driver_ep = match self.drivers[d].connect(part, lanes, token) {
                 Ok(Connect::Done(ep)) => ep,
                 Ok(Connect::InFlight(ep)) => {
-                    pending += 1;
+                    pending |= 1 << g;
                     ep
                 }
                 Err(error) => {
@@ -53,32 +61,54 @@ impl Engine {
         let mut ep = Endpoint::new(started[0].driver, started[0].driver_ep, first);
         ep.set(CONNECTING, pending > 0);
         ep.set(MIXED, started.len() > 1);
-        Ok(self.add_endpoint(ep, EndpointCold::new(started, pending)))
+        Ok(self.add_endpoint(ep, EndpointCold::new(started, pending, attempt)))
     }
 
-    /// A handshake of endpoint `e` finished with `result`. Once every group
-    /// is up, what queued meanwhile is dispatched (scheduled, never run
-    /// from here, R19). A failed one fails the endpoint, and everything
-    /// queued completes with the error in FIFO order (R20, R32). An
-    /// endpoint closed or failed meanwhile ignores it: its driver reports
-    /// the pending connect after `disconnect` too.
-    pub(super) fn connect_done(&mut self, e: usize, result: Result<u32, Status>) {
-        let Some(ep) = self.endpoints.get(e) else {
+    /// The handshake that driver `d` ran for attempt `attempt` of endpoint
+    /// `e` finished with `result`. Once every group is up, what queued
+    /// meanwhile is dispatched (scheduled, never run from here, R19). A
+    /// failed one fails the endpoint, and everything queued completes with
+    /// the error in FIFO order (R20, R32). An endpoint closed or failed
+    /// meanwhile ignores it: its driver reports the pending connect after
+    /// `disconnect` too. A completion of another attempt (one refused at
+    /// once, whose index this endpoint took), or a second one from the
+    /// same driver, is stray.
+    pub(super) fn connect_done(
+        &mut self,
+        d: usize,
+        e: usize,
+        attempt: u32,
+        result: Result<u32, Status>,
+    ) {
+        let live = self
+            .cold
+            .get(e)
+            .is_some_and(|c| Named::same_serial(c.connect_attempt, attempt));
+        if !live {
             self.stray_completions += 1;
             return;
-        };
+        }
+        let ep = &self.endpoints[e];
         if !ep.is_connecting() {
             if !matches!(ep.state, EpState::Failed | EpState::Closed) {
                 self.stray_completions += 1;
             }
             return;
         }
+        let cold = &mut self.cold[e];
+        let Some(bit) = cold
+            .group_on(d)
+            .map(|g| 1u8 << g)
+            .filter(|bit| cold.pending_connects & bit != 0)
+        else {
+            self.stray_completions += 1;
+            return;
+        };
         if let Err(status) = result {
             tracing::debug!(endpoint = e, %status, "connect failed");
             return self.fail_endpoint(e, status);
         }
-        let cold = &mut self.cold[e];
-        cold.pending_connects = cold.pending_connects.saturating_sub(1);
+        cold.pending_connects &= !bit;
         if cold.pending_connects == 0 {
             self.endpoints[e].set(CONNECTING, false);
             tracing::debug!(endpoint = e, "connected");

@@ -139,7 +139,7 @@ impl Engine {
                 }
                 Posted::InFlight => {
                     parts.remaining &= !lanes;
-                    parts.pending += 1;
+                    parts.pending |= 1 << gi;
                 }
                 Posted::NoResource => {}
             }
@@ -170,11 +170,7 @@ impl Engine {
             }
             let worker = self.is_worker_part(e, id);
             let token = if worker {
-                Named::WorkerPart {
-                    endpoint: e,
-                    flush: RequestId(id),
-                }
-                .token()
+                self.worker_part_token(e, RequestId(id))
             } else {
                 self.flush_token(RequestId(id))
             };
@@ -232,11 +228,12 @@ impl Engine {
     /// parts are out, or if the completion was stray.
     pub(super) fn split_part_done(
         &mut self,
+        d: usize,
         e: usize,
         request: Option<u32>,
         result: Result<u32, Status>,
     ) -> Option<Result<u32, Status>> {
-        match self.part_done(e, request, result) {
+        match self.part_done(d, e, request, result) {
             Part::Done(result) => Some(result),
             Part::Waiting => None,
             Part::Stray => {
@@ -246,16 +243,22 @@ impl Engine {
         }
     }
 
-    /// One part of a flush of endpoint `e` (one with lanes on several
-    /// drivers) completed with `result`: the fence flush's if `request` is
-    /// `None`, else that user flush's.
+    /// Driver `d`'s part of a flush of endpoint `e` (one with lanes on
+    /// several drivers) completed with `result`: the fence flush's if
+    /// `request` is `None`, else that user flush's. Each group's part
+    /// counts once: a driver that returns its part twice cannot complete
+    /// the flush ahead of another driver's part.
     pub(super) fn part_done(
         &mut self,
+        d: usize,
         e: usize,
         request: Option<u32>,
         result: Result<u32, Status>,
     ) -> Part {
         let cold = &mut self.cold[e];
+        let Some(group) = cold.group_on(d) else {
+            return Part::Stray;
+        };
         let (parts, at) = match request {
             None => (&mut cold.fence_parts, None),
             Some(id) => match cold.user_flushes.iter().position(|(r, _)| *r == id) {
@@ -263,10 +266,10 @@ impl Engine {
                 None => return Part::Stray,
             },
         };
-        if parts.pending == 0 {
+        if parts.pending & 1 << group == 0 {
             return Part::Stray;
         }
-        parts.pending -= 1;
+        parts.pending &= !(1 << group);
         if let Err(status) = result {
             parts.error.get_or_insert(status);
         }

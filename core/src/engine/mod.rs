@@ -181,6 +181,10 @@ pub(crate) struct Engine {
     pub(crate) stray_completions: u64,
     /// The serial of the last user flush started ([`Named::Flush`]).
     flush_serial: u32,
+    /// The serial of the last worker flush taken ([`Named::WorkerPart`]).
+    worker_flush_serial: u32,
+    /// The serial of the last connect attempt ([`Named::Connect`]).
+    connect_attempts: u32,
     pub(crate) shut_down: bool,
 }
 
@@ -222,6 +226,8 @@ impl Engine {
             stats: Stats::default(),
             stray_completions: 0,
             flush_serial: 0,
+            worker_flush_serial: 0,
+            connect_attempts: 0,
             shut_down: false,
         }
     }

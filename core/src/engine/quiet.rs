@@ -51,10 +51,16 @@ impl Engine {
     /// cover; completes it at once if none has.
     pub(super) fn worker_flush(&mut self, id: RequestId) {
         // Its own bookkeeping, over what the SQE carried in the fields a
-        // FLUSH does not use: parts not finished, and no failure yet.
+        // FLUSH does not use: parts not finished, no failure yet, and the
+        // serial its parts' tokens carry (the slot is handed out again
+        // after it completes; a late part of this flush must not count for
+        // the next one's).
+        self.worker_flush_serial = self.worker_flush_serial.wrapping_add(1);
+        let serial = self.worker_flush_serial;
         let r = self.request_mut(id);
         r.len = 0;
         r.operand2 = 0;
+        r.remote_addr = u64::from(serial);
         let mut parts = 0u32;
         for e in 0..self.endpoints.len() {
             let ep = &self.endpoints[e];
@@ -121,7 +127,7 @@ impl Engine {
             return None;
         }
         let mask = self.normalize(e, mask);
-        let token = Named::WorkerPart { endpoint: e, flush }.token();
+        let token = self.worker_part_token(e, flush);
         self.count_flush(e, FlushCause::Worker);
         self.cover(e, cleans);
         let ep = &self.endpoints[e];
@@ -199,26 +205,49 @@ impl Engine {
         }
     }
 
-    /// The driver flush of worker flush `flush`'s part on endpoint `e`
-    /// completed with `result` (one part of it, on an endpoint with lanes
-    /// on several drivers). A completion that names no part in flight is
-    /// stray.
+    /// The token of worker flush `flush`'s part on endpoint `e`.
+    pub(super) fn worker_part_token(&self, e: usize, flush: RequestId) -> Token {
+        Named::WorkerPart {
+            endpoint: e,
+            flush,
+            serial: self.request(flush).remote_addr as u32,
+        }
+        .token()
+    }
+
+    /// Driver `d` completed the driver flush of worker flush `flush`'s
+    /// part on endpoint `e` with `result` (one part of it, on an endpoint
+    /// with lanes on several drivers); `serial` is what its token carried.
+    /// A completion that names no part in flight, or a part of an earlier
+    /// worker flush whose slot `flush` has taken since, is stray.
     pub(super) fn worker_part_done(
         &mut self,
+        d: usize,
         e: usize,
         flush: RequestId,
+        serial: u32,
         result: Result<u32, Status>,
     ) {
-        let Some(i) = self.cold.get(e).and_then(|c| {
+        let current = self
+            .queues
+            .get(flush.queue())
+            .and_then(|q| q.pool.get(flush.slot()))
+            .is_some_and(|r| {
+                r.is_worker_flush()
+                    && r.state() == State::Posted
+                    && Named::same_part_serial(r.remote_addr as u32, serial)
+            });
+        let part = self.cold.get(e).and_then(|c| {
             c.quiet_parts
                 .iter()
                 .position(|p| p.flush == flush.0 && matches!(p.state, PartState::Started(_)))
-        }) else {
+        });
+        let (true, Some(i)) = (current, part) else {
             self.stray_completions += 1;
             return;
         };
         let result = if self.endpoints[e].has(MIXED) {
-            let Some(all) = self.split_part_done(e, Some(flush.0), result) else {
+            let Some(all) = self.split_part_done(d, e, Some(flush.0), result) else {
                 return;
             };
             all

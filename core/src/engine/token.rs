@@ -4,21 +4,29 @@
 //!
 //! The two top bits say what a token is:
 //!
-//! | bits 63–62 | bits 61–32          | bits 31–0              |
-//! |------------|---------------------|------------------------|
-//! | `00`       | 0                   | a [`RequestId`]        |
-//! | `00`       | the flush's serial  | a FLUSH's `RequestId`  |
-//! | `01`       | 0                   | the endpoint (connect) |
-//! | `10`       | the flush's serial  | the endpoint (fence)   |
-//! | `11`       | the endpoint        | the worker flush's id  |
+//! | bits 63–62 | bits 61–32                        | bits 31–0              |
+//! |------------|-----------------------------------|------------------------|
+//! | `00`       | 0                                 | a [`RequestId`]        |
+//! | `00`       | the flush's serial                | a FLUSH's `RequestId`  |
+//! | `01`       | the attempt's serial              | the endpoint (connect) |
+//! | `10`       | the flush's serial                | the endpoint (fence)   |
+//! | `11`       | serial (61–48), endpoint (47–32)  | the worker flush's id  |
 //!
 //! A flush's serial tells one flush from the next (FENCE.md R25): a late
 //! or duplicated completion of an earlier one, which a lane replacement
 //! can produce on a network, is stray instead of being taken for the
 //! completion of the flush in flight: for a fence flush, the endpoint's
-//! next one; for a user FLUSH or CLOSE, whatever request took its slot
-//! since. User flushes' serials are never 0, so their tokens are never a
-//! plain request's.
+//! next one; for a user FLUSH or CLOSE or a worker flush, whatever request
+//! took its slot since (the pool hands the last freed slot out first).
+//! User flushes' serials are never 0, so their tokens are never a plain
+//! request's. A connect's serial names one attempt: an endpoint index is
+//! given again to the next connect when a connect is refused, and the
+//! refused attempt's handshakes, which their drivers report as canceled
+//! after `disconnect`, must not complete the next one's.
+//!
+//! Which driver returned a completion is known too (the engine polls one
+//! at a time): a flush split over several drivers counts each driver's
+//! part once, so a duplicate from one cannot stand for another's.
 
 use crate::driver::Token;
 use crate::request::RequestId;
@@ -28,6 +36,8 @@ const CONNECT: u64 = 1 << 62;
 const KIND: u64 = FENCE | CONNECT;
 /// Bits 61–32.
 const MIDDLE: u64 = (1 << 30) - 1;
+/// A worker flush part's serial: bits 61–48.
+const PART_SERIAL: u64 = (1 << 14) - 1;
 
 /// What a token names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,12 +46,17 @@ pub(super) enum Named {
     Request(RequestId),
     /// User FLUSH or CLOSE `id`, its flush number `serial` (1..2^30).
     Flush { id: RequestId, serial: u32 },
-    /// The handshake of endpoint `.0`.
-    Connect(usize),
+    /// Connect attempt `attempt` (modulo 2^30) of endpoint `endpoint`.
+    Connect { endpoint: usize, attempt: u32 },
     /// Fence flush number `serial` (modulo 2^30) of `endpoint`.
     Fence { endpoint: usize, serial: u32 },
-    /// The part on `endpoint` of the worker flush `flush`.
-    WorkerPart { endpoint: usize, flush: RequestId },
+    /// The part on `endpoint` (below 2^16) of worker flush `flush`, its
+    /// serial `serial` (modulo 2^14).
+    WorkerPart {
+        endpoint: usize,
+        flush: RequestId,
+        serial: u32,
+    },
 }
 
 impl Named {
@@ -51,36 +66,49 @@ impl Named {
         Token(match self {
             Named::Request(id) => u64::from(id.0),
             Named::Flush { id, serial } => (u64::from(serial) & MIDDLE) << 32 | u64::from(id.0),
-            Named::Connect(e) => CONNECT | low(e),
+            Named::Connect { endpoint, attempt } => {
+                CONNECT | (u64::from(attempt) & MIDDLE) << 32 | low(endpoint)
+            }
             Named::Fence { endpoint, serial } => {
                 FENCE | (u64::from(serial) & MIDDLE) << 32 | low(endpoint)
             }
-            Named::WorkerPart { endpoint, flush } => {
-                KIND | (endpoint as u64 & MIDDLE) << 32 | u64::from(flush.0)
+            Named::WorkerPart {
+                endpoint,
+                flush,
+                serial,
+            } => {
+                KIND | (u64::from(serial) & PART_SERIAL) << 48
+                    | (endpoint as u64 & 0xffff) << 32
+                    | u64::from(flush.0)
             }
         })
     }
 
-    /// What `token` names; `None` for a token no engine call carried.
-    pub(super) fn of(token: Token) -> Option<Named> {
+    /// What `token` names. Every token decodes to something: one that no
+    /// engine call carried names nothing live, and is stray where it is
+    /// looked up.
+    pub(super) fn of(token: Token) -> Named {
         let (kind, middle, low) = (token.0 & KIND, (token.0 >> 32) & MIDDLE, token.0 as u32);
-        Some(match kind {
+        match kind {
             0 if middle == 0 => Named::Request(RequestId(low)),
             0 => Named::Flush {
                 id: RequestId(low),
                 serial: middle as u32,
             },
-            CONNECT if middle == 0 => Named::Connect(low as usize),
+            CONNECT => Named::Connect {
+                endpoint: low as usize,
+                attempt: middle as u32,
+            },
             FENCE => Named::Fence {
                 endpoint: low as usize,
                 serial: middle as u32,
             },
-            KIND => Named::WorkerPart {
-                endpoint: middle as usize,
+            _ => Named::WorkerPart {
+                endpoint: (middle & 0xffff) as usize,
                 flush: RequestId(low),
+                serial: (middle >> 16) as u32,
             },
-            _ => return None,
-        })
+        }
     }
 
     /// The serial after `serial` for user flushes: never 0, within 30 bits.
@@ -88,10 +116,16 @@ impl Named {
         ((u64::from(serial) + 1) & MIDDLE).max(1) as u32
     }
 
-    /// Whether fence flush serial `serial` (as the engine counts it) is
-    /// the one a token carried as `carried`.
+    /// Whether fence flush or connect serial `serial` (as the engine
+    /// counts it) is the one a token carried as `carried`.
     pub(super) fn same_serial(serial: u32, carried: u32) -> bool {
         u64::from(serial) & MIDDLE == u64::from(carried)
+    }
+
+    /// Whether worker flush serial `serial` is the one a part's token
+    /// carried as `carried`.
+    pub(super) fn same_part_serial(serial: u32, carried: u32) -> bool {
+        u64::from(serial) & PART_SERIAL == u64::from(carried)
     }
 }
 
@@ -107,18 +141,22 @@ mod tests {
                 id: RequestId(7),
                 serial: 1,
             },
-            Named::Connect(7),
+            Named::Connect {
+                endpoint: 7,
+                attempt: 3,
+            },
             Named::Fence {
                 endpoint: 65_535,
                 serial: (1 << 30) - 1,
             },
             Named::WorkerPart {
-                endpoint: 3,
+                endpoint: 65_534,
                 flush: RequestId(0x0010_0001),
+                serial: (1 << 14) - 1,
             },
         ];
         for n in named {
-            assert_eq!(Named::of(n.token()), Some(n));
+            assert_eq!(Named::of(n.token()), n);
         }
         // The serial wraps at 2^30: a later flush's token still decodes.
         let t = Named::Fence {
@@ -128,16 +166,17 @@ mod tests {
         .token();
         assert_eq!(
             Named::of(t),
-            Some(Named::Fence {
+            Named::Fence {
                 endpoint: 1,
                 serial: 5
-            })
+            }
         );
         assert!(Named::same_serial((1 << 30) + 5, 5));
         assert!(!Named::same_serial(6, 5));
         assert_eq!(Named::next_flush_serial((1 << 30) - 1), 1, "never 0");
         assert_eq!(Named::next_flush_serial(0), 1);
-        // Bits no call sets.
-        assert_eq!(Named::of(Token(CONNECT | 1 << 40)), None);
+        // A worker flush part's serial wraps at 2^14.
+        assert!(Named::same_part_serial((1 << 14) + 2, 2));
+        assert!(!Named::same_part_serial(3, 2));
     }
 }
