@@ -36,7 +36,8 @@
 use crate::DriverMemory;
 use crate::driver::{
     Capabilities, Completion, Connect, DirectPath, Driver, DriverContext, DriverEp, DriverError,
-    DriverMemKey, DriverRkey, LaneMask, MAX_LANES, MemDesc, Op, OpKind, Posted, Quiesce, Token,
+    DriverMemKey, DriverRkey, LaneMask, MAX_LANES, MemDesc, Op, OpKind, Posted, Quiesce, Sleep,
+    Token,
 };
 use crate::memory::MemKind;
 use ringfence_ring::Status;
@@ -843,8 +844,21 @@ impl<D: Driver> Driver for FaultInjector<D> {
     /// descriptor readable, so the core thread must keep polling while
     /// anything is in flight here (the inner driver's descriptor would let
     /// it sleep on held operations).
-    fn wake_fd(&self) -> Option<BorrowedFd<'_>> {
-        None
+    fn wake_fds(&self) -> Vec<BorrowedFd<'_>> {
+        Vec::new()
+    }
+
+    /// [`Sleep::WhenIdle`] (see `wake_fds`), or the inner driver's
+    /// [`Sleep::NotNow`].
+    fn prepare_sleep(&mut self) -> Sleep {
+        match self.inner.prepare_sleep() {
+            Sleep::NotNow => Sleep::NotNow,
+            _ => Sleep::WhenIdle,
+        }
+    }
+
+    fn woke(&mut self) {
+        self.inner.woke();
     }
 
     fn quiesce(&mut self, scope: Quiesce) {

@@ -120,7 +120,7 @@ pub use config::Config;
 pub use driver::{
     Capabilities, Completion, Connect, DirectPath, Driver, DriverContext, DriverEp, DriverError,
     DriverMemKey, DriverMemory, DriverRkey, LaneMask, MAX_LANES, MemDesc, Op, OpKind, Posted,
-    Quiesce, Token, drain_completions, execute_by_post,
+    Quiesce, Sleep, Token, drain_completions, execute_by_post,
 };
 pub use endpoint::{EndpointId, EndpointState, FenceState};
 pub use error::Error;

@@ -32,7 +32,7 @@
 //!   [`Connect::InFlight`]; the handshake completes through `poll` with
 //!   its token after [`SimHandle::connect_timing`], with `Ok(0)` or the
 //!   status programmed with [`SimHandle::fail_connect`].
-//! - **A real wake descriptor.** [`Driver::wake_fd`] is a timerfd
+//! - **A real wake descriptor.** [`Driver::wake_fds`] is a timerfd
 //!   (`CLOCK_MONOTONIC`, absolute expiry) armed for the earliest moment
 //!   something held becomes due: it becomes readable then, stays readable
 //!   (level-triggered) until a `poll`, and is re-armed at the end of every
@@ -40,7 +40,11 @@
 //!   already (a poll whose batch was full). It is only meaningful with
 //!   [`SimTiming::Delay`]: under the poll-counted timings nothing becomes
 //!   due without polls, so nothing arms it (except completions made outside
-//!   `poll`, by `disconnect` or `quiesce`, which are due at once).
+//!   `poll`, by `disconnect` or `quiesce`, which are due at once), and
+//!   [`Driver::prepare_sleep`] answers [`Sleep::NotNow`] while such work
+//!   is held. With [`SimHandle::arm_on_sleep`] the timer is one-shot, as a
+//!   verbs completion channel is: armed only when the core thread is about
+//!   to sleep, disarmed in [`Driver::woke`].
 //! - **Quiesce.** [`Quiesce::All`] completes everything held (operations,
 //!   flushes, handshakes) with [`Status::Canceled`] without executing it;
 //!   [`Quiesce::Memory`] does that for the operations whose `local_key` is
@@ -80,7 +84,7 @@
 use crate::DriverMemory;
 use crate::driver::{
     Capabilities, Completion, Connect, DirectPath, Driver, DriverContext, DriverEp, DriverError,
-    DriverMemKey, DriverRkey, LaneMask, MemDesc, Op, Posted, Quiesce, Token,
+    DriverMemKey, DriverRkey, LaneMask, MemDesc, Op, Posted, Quiesce, Sleep, Token,
 };
 use crate::fault::Executed;
 use crate::memory::MemKind;
@@ -166,6 +170,10 @@ pub struct SimStats {
     pub canceled: u64,
     /// Times the inner driver had no room at execution (retried later).
     pub inner_no_resource: u64,
+    /// `prepare_sleep` calls.
+    pub sleeps_prepared: u64,
+    /// Times the wake timer was set or disarmed (a system call each).
+    pub timer_sets: u64,
 }
 
 /// What the handle programs and what the driver records.
@@ -177,6 +185,9 @@ struct State {
     connect_failures: VecDeque<Status>,
     /// Statuses for the next `connect` calls to refuse with at once.
     connect_refusals: VecDeque<Status>,
+    /// The wake timer is armed only in `prepare_sleep` (see
+    /// `SimHandle::arm_on_sleep`).
+    arm_on_sleep: bool,
     lane_depth: usize,
     seed: u64,
     reseed: bool,
@@ -246,6 +257,17 @@ impl SimHandle {
     /// (each call programs one more, in order).
     pub fn refuse_connect(&self, status: Status) {
         self.state().connect_refusals.push_back(status);
+    }
+
+    /// Whether the wake descriptor is one-shot, as a verbs completion
+    /// channel is (`ibv_req_notify_cq`): `true` arms the timer only in
+    /// `prepare_sleep` (for the earliest due moment; `NotNow` if something
+    /// is due already) and disarms it in `woke`, so a busy-polling engine
+    /// makes no timer call at all; `false` (the default) keeps it
+    /// level-triggered, re-armed at every poll. Takes effect at the next
+    /// poll.
+    pub fn arm_on_sleep(&self, on: bool) {
+        self.state().arm_on_sleep = on;
     }
 
     /// Operations one lane holds before `post` answers `NoResource`
@@ -447,6 +469,11 @@ pub struct SimDriver<D: Driver> {
     timer: TimerFd,
     /// The expiry the timer is set to, if armed.
     armed: Option<u64>,
+    /// The timer is one-shot ([`SimHandle::arm_on_sleep`], as of the last
+    /// poll).
+    one_shot: bool,
+    /// Between a one-shot `prepare_sleep` and its `woke`.
+    asleep: bool,
     /// When a lane the inner driver refused is tried again (for the timer).
     retry_at: Option<u64>,
 }
@@ -474,6 +501,7 @@ impl<D: Driver> SimDriver<D> {
             connect_timing: SimTiming::Polls(1),
             connect_failures: VecDeque::new(),
             connect_refusals: VecDeque::new(),
+            arm_on_sleep: false,
             lane_depth: 4096,
             seed: 0x2545_f491_4f6c_dd1d,
             reseed: true,
@@ -509,6 +537,8 @@ impl<D: Driver> SimDriver<D> {
             candidates: Vec::new(),
             timer,
             armed: None,
+            one_shot: false,
+            asleep: false,
             retry_at: None,
         };
         (driver, SimHandle { state })
@@ -544,6 +574,7 @@ impl<D: Driver> SimDriver<D> {
     /// it resets its expiration count: only `poll` calls this with a time
     /// that is not earlier than the armed one.
     fn set_timer(&mut self, at: Option<u64>) {
+        self.state().stats.timer_sets += 1;
         let result = match at {
             Some(t) => self.timer.set(
                 Expiration::OneShot(TimeSpec::from(Duration::from_nanos(t.max(1)))),
@@ -560,6 +591,10 @@ impl<D: Driver> SimDriver<D> {
     /// Makes sure the timer expires no later than `at`. An earlier expiry
     /// never clears readability: if the armed one has passed, so has `at`.
     fn arm_by(&mut self, at: u64) {
+        // One-shot: armed by `prepare_sleep` only, and only while asleep.
+        if self.one_shot && !self.asleep {
+            return;
+        }
         if self.armed.is_none_or(|armed| at < armed) {
             self.set_timer(Some(at));
         }
@@ -889,6 +924,25 @@ impl<D: Driver> SimDriver<D> {
         }
         earliest
     }
+
+    /// Whether something held becomes due only after more polls (the
+    /// poll-counted timings): no descriptor can signal it, so a sleeping
+    /// core thread would never see it.
+    fn waits_for_polls(&self) -> bool {
+        let polls = self.polls;
+        let unpassed = |due: Option<Due>| matches!(due, Some(Due::Poll(p)) if p > polls);
+        self.conns
+            .iter()
+            .flatten()
+            .filter(|c| !c.connecting && !c.dead)
+            .any(|c| {
+                c.lanes
+                    .iter()
+                    .any(|l| l.queue.iter().any(|h| unpassed(h.due)))
+            })
+            || self.flushes.iter().any(|f| unpassed(f.due))
+            || self.handshakes.iter().any(|h| unpassed(Some(h.due)))
+    }
 }
 
 impl<D: Driver> Driver for SimDriver<D> {
@@ -1157,6 +1211,7 @@ impl<D: Driver> Driver for SimDriver<D> {
         {
             let mut s = lock(&self.state);
             s.stats.polls += 1;
+            self.one_shot = s.arm_on_sleep;
             if s.reseed {
                 s.reseed = false;
                 self.rng = s.seed;
@@ -1171,16 +1226,47 @@ impl<D: Driver> Driver for SimDriver<D> {
         self.run_flushes(now, out, &mut n);
         self.release_drained();
         // Cleared here, and only here: re-armed for whatever is pending (at
-        // once if something is due already and did not fit in `out`).
-        let next = self.next_due(now);
-        if next.is_some() || self.armed.is_some() {
-            self.set_timer(next);
+        // once if something is due already and did not fit in `out`). A
+        // one-shot timer is left alone: `prepare_sleep` arms it.
+        if !self.one_shot {
+            let next = self.next_due(now);
+            if next.is_some() || self.armed.is_some() {
+                self.set_timer(next);
+            }
         }
         n
     }
 
-    fn wake_fd(&self) -> Option<BorrowedFd<'_>> {
-        Some(self.timer.as_fd())
+    fn wake_fds(&self) -> Vec<BorrowedFd<'_>> {
+        vec![self.timer.as_fd()]
+    }
+
+    /// `NotNow` while something held becomes due only after more polls
+    /// (nothing signals it). Level-triggered, `Ready`: the timer is armed
+    /// already. One-shot ([`SimHandle::arm_on_sleep`]): armed now for the
+    /// earliest due moment, `NotNow` if that has come already.
+    fn prepare_sleep(&mut self) -> Sleep {
+        self.state().stats.sleeps_prepared += 1;
+        if self.waits_for_polls() {
+            return Sleep::NotNow;
+        }
+        if !self.one_shot {
+            return Sleep::Ready;
+        }
+        let now = now_ns();
+        let next = self.next_due(now);
+        if next.is_some_and(|at| at <= now) {
+            return Sleep::NotNow;
+        }
+        self.asleep = true;
+        self.set_timer(next);
+        Sleep::Ready
+    }
+
+    fn woke(&mut self) {
+        if std::mem::take(&mut self.asleep) && self.armed.is_some() {
+            self.set_timer(None);
+        }
     }
 
     fn quiesce(&mut self, scope: Quiesce) {

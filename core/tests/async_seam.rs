@@ -655,7 +655,7 @@ fn poll_until<D: Driver>(sim: &mut D, token: Token) -> Completion {
         if let Some(c) = out[..n].iter().find(|c| c.token == token) {
             return *c;
         }
-        if let Some(fd) = sim.wake_fd() {
+        if let Some(&fd) = sim.wake_fds().first() {
             readable(fd, 10);
         }
         assert!(Instant::now() < deadline, "{token:?} never completed");
@@ -767,7 +767,7 @@ fn the_driver_reorders_lanes_keeps_each_lane_in_order_and_flushes_after_them() {
 #[test]
 fn the_wake_descriptor_follows_what_is_due() {
     let mut b = bare(2, SimTiming::Delay(Duration::from_millis(1)));
-    let fd_readable = |b: &Bare, ms| readable(b.sim.wake_fd().unwrap(), ms);
+    let fd_readable = |b: &Bare, ms| readable(b.sim.wake_fds()[0], ms);
     let wait = HANG.as_millis() as u16;
     // Polls timing: held, committed, and nothing arms the descriptor.
     b.handle.set_timing(SimTiming::Polls(2));

@@ -12,7 +12,14 @@
 //! open), publishes the completion and signals an eventfd, the driver's
 //! wake descriptor. `poll` clears the eventfd first and then takes the
 //! published completions, so one published after the clear leaves it
-//! readable: the `Driver::wake_fd` contract.
+//! readable: a level-triggered descriptor, which needs no arming.
+//!
+//! `Device::one_shot` is the other kind, the kind a verbs completion
+//! channel is: two descriptors (one per completion queue, jobs alternate
+//! between them), signalled only when armed. `prepare_sleep` arms them
+//! and then looks once more (not now if something finished meanwhile);
+//! the device signals the first completion after the arming, once; `woke`
+//! acknowledges and disarms. A busy-polling core thread arms nothing.
 
 // The device copies registered memory, as a NIC would, through raw
 // pointers the engine vouches for (`Driver::post`'s safety contract).
@@ -22,7 +29,8 @@ use nix::sys::eventfd::{EfdFlags, EventFd};
 use ringfence::{
     Capabilities, Completion, CompletionMode, Connect, Driver, DriverContext, DriverEp,
     DriverError, DriverMemKey, DriverRkey, FaultInjector, LaneMask, Loopback, MemDesc, MemKind, Op,
-    OpKind, Posted, QueuePair, Quiesce, RegisteredBuf, Timing, Token, Worker,
+    OpKind, Posted, QueuePair, Quiesce, RegisteredBuf, SimDriver, SimTiming, Sleep, Timing, Token,
+    Worker,
 };
 use ringfence_ring::{RemoteBuf, Sqe, Status};
 use std::collections::VecDeque;
@@ -74,8 +82,22 @@ struct DeviceState {
     idle: Condvar,
     /// Finished jobs, in order, not yet returned by `poll`.
     done: Mutex<VecDeque<Completion>>,
-    /// Readable while `done` may hold something new: the wake descriptor.
+    /// Readable while `done` may hold something new: the wake descriptor
+    /// (one-shot: the first completion queue's).
     wake: EventFd,
+    /// One-shot only: the second completion queue's descriptor.
+    wake2: EventFd,
+    /// One-shot: the descriptors are armed (`prepare_sleep` sets it, the
+    /// first completion after it takes it, `woke` clears it).
+    armed: std::sync::atomic::AtomicBool,
+    one_shot: bool,
+    /// One-shot: `prepare_sleep` calls, `woke` calls, descriptor writes,
+    /// and writes per descriptor.
+    prepares: AtomicU64,
+    wokes: AtomicU64,
+    signals: [AtomicU64; 2],
+    /// Jobs finished (which descriptor the next one signals).
+    finished: AtomicU64,
     /// Jobs the device has received (handed over by `commit`).
     received: AtomicU64,
 }
@@ -88,6 +110,22 @@ impl DeviceHandle {
     fn open_gate(&self) {
         self.0.queue.lock().unwrap().open = true;
         self.0.work.notify_all();
+    }
+
+    fn close_gate(&self) {
+        self.0.queue.lock().unwrap().open = false;
+    }
+
+    /// One-shot: (`prepare_sleep` calls, `woke` calls, writes of each
+    /// descriptor).
+    fn sleep_counts(&self) -> (u64, u64, [u64; 2]) {
+        let load = |a: &AtomicU64| a.load(Ordering::SeqCst);
+        let s = &self.0;
+        (
+            load(&s.prepares),
+            load(&s.wokes),
+            [load(&s.signals[0]), load(&s.signals[1])],
+        )
     }
 
     /// Jobs the device has received so far.
@@ -113,6 +151,19 @@ struct Device {
 impl Device {
     /// A device whose gate starts `open` or closed.
     fn new(open: bool) -> (Device, DeviceHandle) {
+        Device::build(open, false)
+    }
+
+    /// A device with two one-shot descriptors (see the module docs).
+    fn one_shot(open: bool) -> (Device, DeviceHandle) {
+        Device::build(open, true)
+    }
+
+    fn build(open: bool, one_shot: bool) -> (Device, DeviceHandle) {
+        let eventfd = || {
+            EventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)
+                .expect("eventfd")
+        };
         let state = Arc::new(DeviceState {
             queue: Mutex::new(Queue {
                 jobs: VecDeque::with_capacity(4096),
@@ -123,8 +174,14 @@ impl Device {
             work: Condvar::new(),
             idle: Condvar::new(),
             done: Mutex::new(VecDeque::with_capacity(4096)),
-            wake: EventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)
-                .expect("eventfd"),
+            wake: eventfd(),
+            wake2: eventfd(),
+            armed: std::sync::atomic::AtomicBool::new(false),
+            one_shot,
+            prepares: AtomicU64::new(0),
+            wokes: AtomicU64::new(0),
+            signals: [AtomicU64::new(0), AtomicU64::new(0)],
+            finished: AtomicU64::new(0),
             received: AtomicU64::new(0),
         });
         let thread = {
@@ -211,7 +268,18 @@ fn device_thread(state: &DeviceState) {
         // push sees the completion; one that cleared it before leaves the
         // signal below standing.
         state.done.lock().unwrap().push_back(completion);
-        state.wake.write(1).expect("eventfd write");
+        if state.one_shot {
+            // SeqCst, with the store in `prepare_sleep`: either it sees the
+            // arming, or `prepare_sleep`'s look sees this completion.
+            let cq = (state.finished.fetch_add(1, Ordering::SeqCst) % 2) as usize;
+            if state.armed.swap(false, Ordering::SeqCst) {
+                let fd = if cq == 0 { &state.wake } else { &state.wake2 };
+                fd.write(1).expect("eventfd write");
+                state.signals[cq].fetch_add(1, Ordering::SeqCst);
+            }
+        } else {
+            state.wake.write(1).expect("eventfd write");
+        }
         state.queue.lock().unwrap().busy -= 1;
         state.idle.notify_all();
     }
@@ -325,22 +393,53 @@ impl Driver for Device {
 
     fn poll(&mut self, out: &mut [Completion]) -> usize {
         // Clear first, then take: whatever the device publishes after the
-        // take signals again (the wake_fd contract).
-        let _ = self.state.wake.read();
+        // take signals again (a level-triggered descriptor needs no arming).
+        // One-shot descriptors are left to `woke`.
+        if !self.state.one_shot {
+            let _ = self.state.wake.read();
+        }
         let mut done = self.state.done.lock().unwrap();
         let n = done.len().min(out.len());
         for (slot, c) in out.iter_mut().zip(done.drain(..n)) {
             *slot = c;
         }
-        if !done.is_empty() {
+        if !done.is_empty() && !self.state.one_shot {
             // Left for the next poll: stay readable.
             let _ = self.state.wake.write(1);
         }
         n
     }
 
-    fn wake_fd(&self) -> Option<BorrowedFd<'_>> {
-        Some(self.state.wake.as_fd())
+    fn wake_fds(&self) -> Vec<BorrowedFd<'_>> {
+        if self.state.one_shot {
+            vec![self.state.wake.as_fd(), self.state.wake2.as_fd()]
+        } else {
+            vec![self.state.wake.as_fd()]
+        }
+    }
+
+    /// One-shot: arm, then look once more (the `ibv_req_notify_cq` race).
+    fn prepare_sleep(&mut self) -> Sleep {
+        if !self.state.one_shot {
+            return Sleep::Ready;
+        }
+        self.state.prepares.fetch_add(1, Ordering::SeqCst);
+        self.state.armed.store(true, Ordering::SeqCst);
+        if self.state.done.lock().unwrap().is_empty() {
+            Sleep::Ready
+        } else {
+            Sleep::NotNow
+        }
+    }
+
+    /// One-shot: acknowledge (read) both descriptors and disarm.
+    fn woke(&mut self) {
+        if self.state.one_shot {
+            self.state.wokes.fetch_add(1, Ordering::SeqCst);
+            self.state.armed.store(false, Ordering::SeqCst);
+            let _ = self.state.wake.read();
+            let _ = self.state.wake2.read();
+        }
     }
 
     /// Cancels what the device has not started (its completions come out
@@ -568,4 +667,81 @@ fn a_sleeping_core_thread_stops_and_restarts() {
     rig.qp.push(Sqe::nop().with_user_data(5)).unwrap();
     rig.qp.submit();
     assert_eq!(rig.wait_cqe("after a restart").user_data, 5);
+}
+
+/// A one-shot driver with two descriptors (as verbs' completion channels):
+/// the core thread sleeps with a PUT in flight, armed through
+/// `prepare_sleep`, and the completion that lands on either descriptor
+/// wakes it. Each wake comes from an arming (no descriptor is written while
+/// nothing is armed: a busy-polling core thread asks for no interrupt),
+/// and every `prepare_sleep` is followed by `woke`.
+#[test]
+fn a_one_shot_driver_wakes_the_core_thread_through_either_descriptor() {
+    let (device, handle) = Device::one_shot(false);
+    let mut rig = Rig::new(device);
+    let mut sleeps = 0;
+    for i in 1..=6u64 {
+        handle.close_gate();
+        rig.src.write(0, &i.to_le_bytes());
+        let received = handle.received();
+        rig.qp.push(rig.put.with_user_data(i)).unwrap();
+        rig.qp.submit();
+        let deadline = Instant::now() + HANG;
+        while handle.received() == received {
+            assert!(
+                Instant::now() < deadline,
+                "PUT {i} never reached the device"
+            );
+            std::thread::yield_now();
+        }
+        // Asleep after the hand-over: asleep with the PUT in flight, and
+        // only the device can wake it.
+        sleeps = rig.until_asleep(sleeps);
+        handle.open_gate();
+        let cqe = rig.wait_cqe(&format!("PUT {i}"));
+        assert_eq!((cqe.user_data, cqe.res), (i, 8));
+        assert_eq!(rig.window_word(), i);
+    }
+    rig.worker.stop_core_thread();
+    let (prepares, wokes, signals) = handle.sleep_counts();
+    assert_eq!(prepares, wokes, "every prepare_sleep is followed by woke");
+    assert!(
+        signals[0] >= 1 && signals[1] >= 1,
+        "both descriptors woke the core thread: {signals:?}"
+    );
+    assert!(
+        signals[0] + signals[1] <= prepares,
+        "a signal without an arming"
+    );
+}
+
+/// The test kit's `SimDriver` with a one-shot timer (`arm_on_sleep`): its
+/// operations complete after a delay, and a core thread that sleeps
+/// meanwhile is woken by the timer `prepare_sleep` armed. The timer is set
+/// only when the core thread is about to sleep and disarmed when it woke:
+/// no timer call per poll (a level-triggered SimDriver sets it at every
+/// poll that has something pending).
+#[test]
+fn a_one_shot_simulated_driver_arms_its_timer_only_to_sleep() {
+    let (sim, handle) = SimDriver::new(Loopback::with_mode(CompletionMode::Immediate));
+    handle.arm_on_sleep(true);
+    handle.set_timing(SimTiming::Delay(Duration::from_millis(2)));
+    handle.connect_timing(SimTiming::Delay(Duration::from_millis(1)));
+    let mut rig = Rig::new(sim);
+    for i in 1..=20u64 {
+        rig.src.write(0, &i.to_le_bytes());
+        rig.qp.push(rig.put.with_user_data(i)).unwrap();
+        rig.qp.submit();
+        let cqe = rig.wait_cqe(&format!("PUT {i}"));
+        assert_eq!((cqe.user_data, cqe.res), (i, 8));
+        assert_eq!(rig.window_word(), i);
+    }
+    rig.worker.stop_core_thread();
+    let stats = handle.stats();
+    assert!(
+        stats.timer_sets <= 2 * stats.sleeps_prepared,
+        "the timer was set outside sleeps: {stats:?}"
+    );
+    assert!(stats.polls > stats.timer_sets, "{stats:?}");
+    assert!(handle.violations().is_empty(), "{:?}", handle.violations());
 }

@@ -13,7 +13,12 @@
 //! the eventfd's lock); `epoll_wait` is a loop that returns when one of its
 //! descriptors is readable. A driver is a counter of finished operations
 //! and an eventfd it makes readable after publishing each, and clears in
-//! `poll` before it takes them (the `Driver::wake_fd` contract).
+//! `poll` before it takes them (a level-triggered descriptor). A one-shot
+//! driver (`OneShot`, as a verbs completion channel) signals its
+//! descriptor only when armed: the core thread arms it in its last round
+//! (`Driver::prepare_sleep`: arm, then look once more, and stay up if
+//! something finished), the first completion after the arming signals and
+//! disarms it, and `withdraw` disarms it (`Driver::woke`).
 //!
 //! The sleeper panics with "lost wake-up" if it waits while every producer
 //! has finished and none of its descriptors is readable: the outcome the
@@ -22,7 +27,7 @@
 #[cfg(loom)]
 mod tests {
     use loom::sync::Arc;
-    use loom::sync::atomic::{AtomicU32, Ordering};
+    use loom::sync::atomic::{AtomicBool, AtomicU32, Ordering, fence};
     use loom::thread;
     use ringfence_ring::{Consumer, Cqe, Sleeper, WakeFlag, channel, sleep};
 
@@ -75,6 +80,56 @@ mod tests {
         }
     }
 
+    /// A driver whose descriptor is one-shot: signalled by the first
+    /// completion after it was armed, never while the core thread polls.
+    #[derive(Default)]
+    struct OneShot {
+        finished: AtomicU32,
+        armed: AtomicBool,
+        fd: EventFd,
+    }
+
+    impl OneShot {
+        /// The device finishes one operation: publishes it, then signals if
+        /// armed (and disarms: one signal per arming).
+        fn complete(&self) {
+            // Release: publishes the completion; pairs with `poll`.
+            self.finished.fetch_add(1, Ordering::Release);
+            // SeqCst: with the one in `prepare_sleep`, either this look at
+            // the arming sees it or that look sees the completion. (A load
+            // and a store, not a swap: loom applies the fences' order to
+            // plain loads only, and a device reads its arming and then
+            // clears it anyway.)
+            fence(Ordering::SeqCst);
+            if self.armed.load(Ordering::Relaxed) {
+                self.armed.store(false, Ordering::Relaxed);
+                self.fd.ring();
+            }
+        }
+
+        /// `Driver::poll`: takes what has finished; the descriptor is not
+        /// touched.
+        fn poll(&self) -> u32 {
+            // Acquire: pairs with the Release in `complete`.
+            self.finished.swap(0, Ordering::Acquire)
+        }
+
+        /// `Driver::prepare_sleep`: arm, then look once more. `false`: not
+        /// now, something finished.
+        fn prepare_sleep(&self) -> bool {
+            self.armed.store(true, Ordering::Relaxed);
+            // SeqCst: see `complete`.
+            fence(Ordering::SeqCst);
+            self.finished.load(Ordering::Relaxed) == 0
+        }
+
+        /// `Driver::woke`: disarm and acknowledge.
+        fn woke(&self) {
+            self.armed.store(false, Ordering::Relaxed);
+            self.fd.clear();
+        }
+    }
+
     /// A notification queue: deliveries counted, and its "ring me" flag.
     #[derive(Default)]
     struct Notifications {
@@ -88,6 +143,7 @@ mod tests {
         /// The SQ doorbell, also rung for notifications.
         bell: EventFd,
         driver: Driver,
+        one_shot: OneShot,
         notify: Notifications,
         /// Producers that have finished everything they do.
         producers_done: AtomicU32,
@@ -108,14 +164,23 @@ mod tests {
         }
 
         fn last_round(&mut self) -> bool {
-            let mut work = self.shared.driver.poll();
+            let mut work = self.shared.driver.poll() + self.shared.one_shot.poll();
             while self.sq.pop().unwrap().is_some() {
                 work += 1;
             }
             // Acquire: pairs with the deliverer's Release.
             work += self.shared.notify.delivered.swap(0, Ordering::Acquire);
             self.taken += work;
-            work == 0
+            if work != 0 {
+                return false;
+            }
+            // The engine's `prepare_drivers_sleep`: not now means woke at
+            // once, and another round.
+            if !self.shared.one_shot.prepare_sleep() {
+                self.shared.one_shot.woke();
+                return false;
+            }
+            true
         }
 
         fn announce(&mut self) -> bool {
@@ -132,7 +197,10 @@ mod tests {
             loop {
                 // Acquire: each producer's last step happens before.
                 let all_done = self.shared.producers_done.load(Ordering::Acquire) == self.producers;
-                if self.shared.bell.is_readable() || self.shared.driver.fd.is_readable() {
+                if self.shared.bell.is_readable()
+                    || self.shared.driver.fd.is_readable()
+                    || self.shared.one_shot.fd.is_readable()
+                {
                     return;
                 }
                 assert!(
@@ -146,6 +214,7 @@ mod tests {
         fn withdraw(&mut self) {
             self.sq.finish_wait();
             self.shared.notify.sleeping.withdraw();
+            self.shared.one_shot.woke();
         }
     }
 
@@ -237,6 +306,46 @@ mod tests {
                 s.driver.complete();
             });
             run_core(shared, sq, 1, 2);
+            device.join().unwrap();
+        });
+    }
+
+    /// A one-shot driver's device finishing two operations, one on each
+    /// side of the core thread's last poll and its arming: the second must
+    /// be seen by the look after the arming or signal the armed
+    /// descriptor.
+    #[test]
+    fn a_one_shot_descriptor_armed_for_sleep_loses_no_completion() {
+        loom::model(|| {
+            let (_tx, sq) = channel::<Cqe>(2);
+            let shared = Arc::new(Shared::default());
+            let device = producer(&shared, |s| {
+                s.one_shot.complete();
+                thread::yield_now();
+                s.one_shot.complete();
+            });
+            run_core(shared, sq, 1, 2);
+            device.join().unwrap();
+        });
+    }
+
+    /// An SQE and a one-shot driver's completion while the core thread
+    /// goes to sleep.
+    #[test]
+    fn sq_and_one_shot_driver_wake_a_sleeping_core_thread() {
+        loom::model(|| {
+            let (mut tx, sq) = channel::<Cqe>(2);
+            let shared = Arc::new(Shared::default());
+            let app = producer(&shared, move |s| {
+                tx.push(Cqe::new(1, 0, 0)).unwrap();
+                tx.submit();
+                if tx.needs_wakeup() {
+                    s.bell.ring();
+                }
+            });
+            let device = producer(&shared, |s| s.one_shot.complete());
+            run_core(shared, sq, 2, 2);
+            app.join().unwrap();
             device.join().unwrap();
         });
     }

@@ -20,9 +20,13 @@
 //!   flushes; a driver may hold them back until then and submit them
 //!   together (one `io_uring_enter`, one chained `ibv_post_send`, one batch
 //!   of stream launches).
-//! - **Waking.** [`Driver::wake_fd`] is a descriptor that becomes readable
-//!   when the driver has completions or incoming work; the core thread
-//!   sleeps on it and on the SQ doorbell at once.
+//! - **Sleep is a conversation.** [`Driver::wake_fds`] are descriptors that
+//!   become readable when the driver has completions or incoming work; the
+//!   core thread sleeps on them and on the SQ doorbell at once. Before it
+//!   sleeps it asks every driver to [`prepare_sleep`](Driver::prepare_sleep)
+//!   (arm a one-shot CQ notification, enqueue what will signal it, or
+//!   answer [`Sleep::NotNow`]), and tells it when it [`woke`](Driver::woke).
+//!   A busy-polling core thread never asks for an interrupt.
 //! - **Asynchronous connect.** [`Driver::connect`] returns at once; a
 //!   connection that needs a handshake completes through [`Driver::poll`]
 //!   with the token it was given.
@@ -50,6 +54,34 @@ use ringfence_ring::{AtomicOp, Status};
 use std::fmt;
 use std::os::fd::BorrowedFd;
 use std::sync::Arc;
+
+/// A driver's answer when the core thread is about to sleep
+/// ([`Driver::prepare_sleep`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub enum Sleep {
+    /// Armed: from now until [`Driver::woke`], anything that arrives for
+    /// [`Driver::poll`] (a completion, a finished handshake, a peer's
+    /// operation to execute) makes one of [`Driver::wake_fds`] readable.
+    /// Also the answer of a driver with nothing that can arrive on its own
+    /// (everything it does finishes inside a call).
+    Ready,
+    /// Sleep only while no endpoint with lanes on this driver has work at
+    /// it (operations or flushes in flight, a handshake): the driver's
+    /// work completes only when it is polled, and nothing would wake the
+    /// core thread for it. The default of a driver without descriptors.
+    WhenIdle,
+    /// Armed as [`Ready`](Sleep::Ready), but poll the driver again after
+    /// at most this long even if nothing became readable (a driver that
+    /// must look at something no descriptor signals, such as a peer's
+    /// memory).
+    Within(std::time::Duration),
+    /// Stay up: something has arrived already (found while arming), or the
+    /// driver holds work back that only another round sends (an
+    /// acknowledgement held for batching). The core thread runs another
+    /// round instead of sleeping.
+    NotNow,
+}
 
 /// A set of lanes of one endpoint: bit `i` is lane `i`.
 pub type LaneMask = u64;
@@ -467,22 +499,58 @@ pub trait Driver: Send + fmt::Debug + 'static {
     /// round.
     fn poll(&mut self, out: &mut [Completion]) -> usize;
 
-    /// A descriptor that becomes readable when this driver has something
-    /// for `poll` (completions, a finished connect) or incoming work it
-    /// must progress (a peer's operation to execute): an io_uring CQ
-    /// eventfd, an `ibv_comp_channel`, an eventfd a CUDA host callback
-    /// signals. The core thread sleeps on every driver's descriptor and the
-    /// SQ doorbell at once (epoll, level-triggered), so the contract that
-    /// keeps it from missing a wake-up is: whenever `poll` has returned
-    /// fewer completions than it was given room for, anything new that
-    /// arrives afterwards makes the descriptor readable, and it stays
-    /// readable until a later `poll` (which is where the driver clears it).
-    /// It stays open, and the same descriptor, while the driver lives.
-    /// `None` (the default): the driver has nothing that arrives on its
-    /// own; everything it completes, it completes inside a call.
-    fn wake_fd(&self) -> Option<BorrowedFd<'_>> {
-        None
+    /// The descriptors that wake a sleeping core thread for this driver:
+    /// an io_uring CQ eventfd, an `ibv_comp_channel` per device, an eventfd
+    /// a CUDA host function signals. The core thread sleeps on all of them
+    /// and the SQ doorbell at once (epoll, level-triggered). Asked once,
+    /// when the core thread starts: they stay open, and the same, while the
+    /// driver lives. Control path (it may allocate). Empty (the default):
+    /// nothing of the driver's arrives on its own, or it is looked at on a
+    /// timer ([`Sleep::Within`]).
+    ///
+    /// A descriptor needs to become readable only after
+    /// [`prepare_sleep`](Driver::prepare_sleep) answered [`Sleep::Ready`]
+    /// or [`Sleep::Within`], and only until [`woke`](Driver::woke): while
+    /// the core thread busy-polls, a driver need not arm anything, and
+    /// should not (no interrupt, no completion-channel read, no host
+    /// function per round).
+    fn wake_fds(&self) -> Vec<BorrowedFd<'_>> {
+        Vec::new()
     }
+
+    /// The core thread is about to sleep: arm what will wake it, and say
+    /// whether it may ([`Sleep`]). Called under the engine lock, after a
+    /// last progress round that found nothing to do, once per attempt to
+    /// sleep; [`woke`](Driver::woke) follows every call, whatever any
+    /// driver answered.
+    ///
+    /// The race to close is the one of a one-shot notification
+    /// (`ibv_req_notify_cq`): arm first, then look once more (poll the CQ,
+    /// read the stream's events) and answer [`Sleep::NotNow`] if anything
+    /// is there; what the look found stays for the next `poll`, nothing is
+    /// dropped. A driver that holds work back for a later round (an
+    /// acknowledgement held to batch it, a busy receive) answers
+    /// `NotNow` too, instead of writing its own descriptor. May make
+    /// system calls; must not block or allocate.
+    ///
+    /// The default: [`Sleep::Ready`] for a driver with wake descriptors
+    /// (level-triggered ones that are readable whenever the driver has
+    /// something, which need no arming), [`Sleep::WhenIdle`] for one
+    /// without.
+    fn prepare_sleep(&mut self) -> Sleep {
+        if self.wake_fds().is_empty() {
+            Sleep::WhenIdle
+        } else {
+            Sleep::Ready
+        }
+    }
+
+    /// The core thread is up again after [`prepare_sleep`](Driver::prepare_sleep)
+    /// (it slept and something woke it, or some driver answered
+    /// [`Sleep::NotNow`]): acknowledge what the sleep armed (a batch of
+    /// completion-channel events), and stop asking for wake-ups. The next
+    /// calls are progress rounds. The default does nothing.
+    fn woke(&mut self) {}
 
     /// Returns only when nothing this driver started can read or write the
     /// memory of `scope` any more: in-flight operations that use it are

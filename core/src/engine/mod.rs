@@ -51,7 +51,7 @@
 use crate::config::Config;
 use crate::driver::{
     Completion, Connect, Driver, DriverContext, DriverError, DriverMemKey, DriverRkey, LaneMask,
-    Op, OpKind, Posted, Quiesce, Token,
+    Op, OpKind, Posted, Quiesce, Sleep, Token,
 };
 use crate::endpoint::{
     CONNECTING, Endpoint, EndpointCold, EpState, FlushParts, LaneGroup, MIXED, NO_LANE, NOT_DIRECT,
@@ -148,9 +148,12 @@ pub(crate) struct Engine {
     capabilities: Vec<crate::driver::Capabilities>,
     /// Which drivers offer the direct path ([`Driver::direct`]), asked once.
     direct: Vec<bool>,
-    /// Which drivers have a wake descriptor ([`Driver::wake_fd`]), asked
-    /// once: a driver keeps the same one while it lives.
-    wakes: Vec<bool>,
+    /// Per driver: its last [`Driver::prepare_sleep`] answered
+    /// [`Sleep::WhenIdle`] (scratch of `prepare_drivers_sleep`).
+    when_idle: Vec<bool>,
+    /// The drivers were asked to prepare for sleep, and not yet told they
+    /// woke.
+    sleep_prepared: bool,
     /// The core thread sleeps, and has not been woken yet. Set and cleared
     /// under the engine lock (by the core thread; cleared also by whoever
     /// takes the lock and rings the SQ doorbell meanwhile, see
@@ -201,13 +204,14 @@ impl Engine {
         }
         let capabilities = drivers.iter().map(|d| d.capabilities()).collect();
         let direct = drivers.iter_mut().map(|d| d.direct().is_some()).collect();
-        let wakes = drivers.iter().map(|d| d.wake_fd().is_some()).collect();
+        let when_idle = vec![false; drivers.len()];
         Engine {
             config,
             drivers,
             capabilities,
             direct,
-            wakes,
+            when_idle,
+            sleep_prepared: false,
             core_asleep: false,
             queues: Vec::new(),
             endpoints: Vec::new(),
@@ -287,31 +291,72 @@ impl Engine {
         work
     }
 
-    /// Whether the core thread may sleep after a round that did nothing:
-    /// nothing waits for a round that only polling would bring, and
-    /// everything in flight will wake it when it finishes. No CQE waits for
-    /// room in its CQ (the application frees room without waking anyone),
-    /// no endpoint is scheduled (a driver said it had no room: only a retry
-    /// finds out when it has), and every endpoint with something at its
-    /// driver (operations, a flush, a connect) is on a driver with a wake
-    /// descriptor (its completions make it readable). Requests queued in an
-    /// endpoint wait for that endpoint's flush or connect, so they are
-    /// covered too. SQs and notifications are checked by
-    /// [`prepare_sleep`](Engine::prepare_sleep) and
-    /// `NotifyPool::begin_sleep`, after their flags are set.
+    /// Whether the core thread may sleep after a round that did nothing,
+    /// as far as the engine's own state goes: no CQE waits for room in its
+    /// CQ (the application frees room without waking anyone), and no
+    /// endpoint is scheduled (a driver said it had no room: only a retry
+    /// finds out when it has). The drivers are asked next
+    /// ([`prepare_drivers_sleep`](Engine::prepare_drivers_sleep)); SQs and
+    /// notifications are checked by [`prepare_sleep`](Engine::prepare_sleep)
+    /// and `NotifyPool::begin_sleep`, after their flags are set.
     pub(crate) fn may_sleep(&self) -> bool {
-        if !self.scheduled.is_empty() || self.queues.iter().any(|q| !q.overflow.is_empty()) {
-            return false;
+        self.scheduled.is_empty() && self.queues.iter().all(|q| q.overflow.is_empty())
+    }
+
+    /// Asks every driver to prepare for sleep ([`Driver::prepare_sleep`]).
+    /// `None` if the core thread must stay up: a driver answered
+    /// [`Sleep::NotNow`], or one that answered [`Sleep::WhenIdle`] has
+    /// work in flight on some endpoint (operations, a flush, a handshake;
+    /// requests queued behind them wait for them, so are covered too). The
+    /// drivers were then told they woke. Else the longest the core thread
+    /// may sleep before polling again (`None` inside: until woken), and
+    /// [`drivers_woke`](Engine::drivers_woke) must follow the sleep.
+    pub(crate) fn prepare_drivers_sleep(&mut self) -> Option<Option<std::time::Duration>> {
+        let mut timeout: Option<std::time::Duration> = None;
+        let mut stay = false;
+        let mut any_idle = false;
+        self.sleep_prepared = true;
+        for (d, driver) in self.drivers.iter_mut().enumerate() {
+            let answer = driver.prepare_sleep();
+            self.when_idle[d] = answer == Sleep::WhenIdle;
+            match answer {
+                Sleep::Ready => {}
+                Sleep::WhenIdle => any_idle = true,
+                Sleep::Within(t) => timeout = Some(timeout.map_or(t, |old| old.min(t))),
+                Sleep::NotNow => stay = true,
+            }
         }
-        self.endpoints.iter().zip(&self.cold).all(|(ep, cold)| {
-            // Every driver the endpoint has lanes on (one, unless MIXED).
-            let wakes = if ep.has(MIXED) {
-                cold.groups.iter().all(|g| self.wakes[g.driver as usize])
-            } else {
-                self.wakes[ep.driver as usize]
-            };
-            wakes || (ep.inflight == 0 && ep.flushing == 0 && !ep.is_connecting())
-        })
+        if !stay && any_idle {
+            stay = self.endpoints.iter().zip(&self.cold).any(|(ep, cold)| {
+                let busy = ep.inflight != 0 || ep.flushing != 0 || ep.is_connecting();
+                // A mixed endpoint counts its work as a whole: busy if any
+                // of its drivers needs polling.
+                let polled = if ep.has(MIXED) {
+                    cold.groups
+                        .iter()
+                        .any(|g| self.when_idle[g.driver as usize])
+                } else {
+                    self.when_idle[ep.driver as usize]
+                };
+                busy && polled
+            });
+        }
+        if stay {
+            self.drivers_woke();
+            return None;
+        }
+        Some(timeout)
+    }
+
+    /// Tells every driver that the core thread is up again after
+    /// [`prepare_drivers_sleep`](Engine::prepare_drivers_sleep)
+    /// ([`Driver::woke`]); nothing if they were not asked.
+    pub(crate) fn drivers_woke(&mut self) {
+        if std::mem::take(&mut self.sleep_prepared) {
+            for driver in &mut self.drivers {
+                driver.woke();
+            }
+        }
     }
 
     /// Sets NEED_WAKEUP on every SQ; returns whether all are still empty.

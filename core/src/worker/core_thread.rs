@@ -3,7 +3,9 @@
 //!
 //! It polls for `IDLE_SPIN` after its last work, then sleeps through
 //! [`ringfence_ring::sleep`]: under the engine lock, one last progress
-//! round and [`Engine::may_sleep`]; then NEED_WAKEUP on every SQ and the
+//! round, [`Engine::may_sleep`], and every driver asked to arm its wake
+//! descriptors ([`Engine::prepare_drivers_sleep`], which may keep it up);
+//! then NEED_WAKEUP on every SQ and the
 //! notification pool's flag, each followed by a look at its source; then
 //! `epoll_wait` on the SQ doorbell and the drivers' descriptors, with no
 //! timeout. The docs of [`ringfence_ring::sleep`] give the argument
@@ -13,7 +15,9 @@
 //! - a queue pair's `submit` that finds NEED_WAKEUP set (SQ doorbell);
 //! - an incoming notification (the pool's waker is the SQ doorbell);
 //! - a driver's descriptor: an operation, flush or handshake finished, or
-//!   work arrived that the driver must progress;
+//!   work arrived that the driver must progress (after the sleep, every
+//!   driver is told it woke: [`Driver::woke`]);
+//! - a timeout a driver asked for ([`Sleep::Within`](crate::Sleep::Within));
 //! - any other thread that takes the engine lock while it sleeps
 //!   ([`Shared::engine`] rings the SQ doorbell once per sleep): a new queue
 //!   pair, a connect, a progress round run by the application;
@@ -38,10 +42,13 @@ impl Worker {
     /// It busy-polls while there is work and for 100 µs
     /// after the last, then sleeps until something needs it: a queue pair's
     /// `submit` (through NEED_WAKEUP on every SQ), an incoming notification,
-    /// or a driver's wake descriptor ([`Driver::wake_fd`]). It may sleep
-    /// with operations in flight when their drivers have a wake descriptor;
-    /// while a driver without one (loopback in `NextPoll` mode, the test
-    /// kit's `FaultInjector`) has work in flight, it keeps polling.
+    /// or a driver's wake descriptor ([`Driver::wake_fds`]). Before it
+    /// sleeps it asks every driver to prepare ([`Driver::prepare_sleep`]):
+    /// it may sleep with operations in flight on drivers that armed their
+    /// descriptors; while a driver that answers
+    /// [`Sleep::WhenIdle`](crate::Sleep::WhenIdle) (loopback in `NextPoll`
+    /// mode, the test kit's `FaultInjector`) has work in flight, or one
+    /// answers [`Sleep::NotNow`](crate::Sleep::NotNow), it keeps polling.
     ///
     /// # Where it runs
     /// On `cpu` if given, else on `RINGFENCE_CORE_CPU` if set (see
@@ -204,7 +211,7 @@ fn wake_set(shared: &Shared) -> Result<Epoll, Error> {
         .map_err(os("epoll_ctl (SQ doorbell)"))?;
     let engine = shared.engine();
     for (d, driver) in engine.drivers.iter().enumerate() {
-        if let Some(fd) = driver.wake_fd() {
+        for fd in driver.wake_fds() {
             epoll
                 .add(fd, EpollEvent::new(EpollFlags::EPOLLIN, d as u64))
                 .map_err(os("epoll_ctl (driver wake descriptor)"))?;
@@ -220,6 +227,7 @@ pub(super) fn core_loop(shared: &Shared, stop: &AtomicBool, epoll: Epoll) {
         epoll,
         engine: None,
         asleep: false,
+        timeout: EpollTimeout::NONE,
         events: [EpollEvent::empty(); 4],
     };
     let mut idle_since = None;
@@ -249,6 +257,9 @@ struct CoreNap<'a> {
     engine: Option<EngineGuard<'a>>,
     /// Between a successful `announce` and its `withdraw`.
     asleep: bool,
+    /// How long `wait` may sleep: until woken, unless a driver asked to be
+    /// polled again sooner ([`Sleep::Within`](crate::Sleep::Within)).
+    timeout: EpollTimeout,
     events: [EpollEvent; 4],
 }
 
@@ -267,6 +278,12 @@ impl Sleeper for CoreNap<'_> {
         if engine.progress() > 0 || !engine.may_sleep() {
             return false;
         }
+        // The drivers arm what will wake the thread (or say not now);
+        // `withdraw` tells them it woke.
+        let Some(within) = engine.prepare_drivers_sleep() else {
+            return false;
+        };
+        self.timeout = within.map_or(EpollTimeout::NONE, timeout_of);
         self.engine = Some(engine);
         true
     }
@@ -291,7 +308,7 @@ impl Sleeper for CoreNap<'_> {
         if self.stop.load(Ordering::Acquire) {
             return;
         }
-        match self.epoll.wait(&mut self.events, EpollTimeout::NONE) {
+        match self.epoll.wait(&mut self.events, self.timeout) {
             // EINTR: a signal; the loop looks again, and sleeps again if
             // nothing is there.
             Ok(_) | Err(Errno::EINTR) => {}
@@ -305,6 +322,7 @@ impl Sleeper for CoreNap<'_> {
             .take()
             .unwrap_or_else(|| self.shared.lock_engine());
         engine.finish_sleep();
+        engine.drivers_woke();
         self.shared.notify.end_sleep();
         engine.core_asleep = false;
         if std::mem::take(&mut self.asleep) {
@@ -312,4 +330,12 @@ impl Sleeper for CoreNap<'_> {
             self.shared.core_naps.fetch_add(1, Ordering::Relaxed);
         }
     }
+}
+
+/// An epoll timeout of at least `within`, in whole milliseconds rounded
+/// up (a driver that asked to be polled within 10 µs is polled within
+/// 1 ms, never busy-waited for).
+fn timeout_of(within: Duration) -> EpollTimeout {
+    let ms = within.as_micros().div_ceil(1000).max(1);
+    EpollTimeout::try_from(ms).unwrap_or(EpollTimeout::MAX)
 }

@@ -26,7 +26,7 @@ use nix::unistd::Pid;
 use ringfence::{
     Capabilities, Completion, Connect, DirectPath, Driver, DriverContext, DriverEp, DriverError,
     DriverMemKey, DriverMemory, DriverRkey, LaneMask, MemDesc, MemKind, NotifyPool, Op, OpKind,
-    Posted, Quiesce, Token,
+    Posted, Quiesce, Sleep, Token,
 };
 use ringfence_ring::Status;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -1046,6 +1046,16 @@ impl Driver for Shm {
         self.release_dead();
         // Every operation completes in `post`: nothing is ever in flight.
         0
+    }
+
+    /// Always ready: every operation and flush finishes inside its call,
+    /// and a peer's notification that arrives while the core thread sleeps
+    /// is delivered by the control thread into the notification pool,
+    /// whose waker rings the SQ doorbell. So a core thread may sleep while
+    /// an endpoint with lanes here and on another driver has work at that
+    /// other driver.
+    fn prepare_sleep(&mut self) -> Sleep {
+        Sleep::Ready
     }
 
     fn direct(&mut self) -> Option<&mut dyn DirectPath> {

@@ -15,7 +15,7 @@ use nix::sys::socket::{
 };
 use ringfence::{
     Capabilities, Completion, Connect, Driver, DriverContext, DriverEp, DriverError, DriverMemKey,
-    DriverRkey, LaneMask, MemDesc, MemKind, NotifyPool, Op, OpKind, Posted, Quiesce, Token,
+    DriverRkey, LaneMask, MemDesc, MemKind, NotifyPool, Op, OpKind, Posted, Quiesce, Sleep, Token,
     peer_mem,
 };
 use ringfence_ring::{AtomicOp, Status};
@@ -77,8 +77,9 @@ macro_rules! on_socket {
 /// may make, for a request that is pending. After this many empty ones (a
 /// peer slow to answer) or one that fills a whole buffer (a stream, which
 /// the multishot receive takes many buffers at a time), the multishot
-/// receive comes back. While any connection busy-receives, the CQ eventfd
-/// is kept readable and not re-armed: nothing would signal what arrives.
+/// receive comes back. While any connection busy-receives, the driver
+/// answers `Sleep::NotNow` to a core thread about to sleep: nothing would
+/// signal what arrives.
 const SPIN_ROUNDS: u16 = 64;
 
 /// One TCP connection. Boxed: the kernel holds pointers into it (the
@@ -163,11 +164,8 @@ struct Conn {
 /// their order).
 ///
 /// No ACK is left behind by a sleeping core thread: while one is held the
-/// wake descriptor stays readable, so the core thread does not sleep
-/// through the round that sends it. The CQ eventfd is not read (re-armed)
-/// while an ACK is held, and `commit` makes sure it is readable when it
-/// keeps one (`Uring::keep_readable`: the completion that produced the
-/// ACK normally left it so; else the driver writes it).
+/// driver answers `Sleep::NotNow` to `prepare_sleep`, so the core thread
+/// runs the round that sends it before it sleeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum AckHold {
     /// No ACK pending, or one the reader is to queue itself.
@@ -1323,7 +1321,7 @@ impl Tcp {
             if self.uring.submit_and_wait().is_err() {
                 break;
             }
-            while let Some(cqe) = self.uring.next(false) {
+            while let Some(cqe) = self.uring.next() {
                 self.handle_teardown(&cqe);
             }
         }
@@ -1358,7 +1356,7 @@ impl Tcp {
                 tracing::error!("tcp: a canceled receive did not end");
                 break;
             }
-            while let Some(cqe) = self.uring.next(false) {
+            while let Some(cqe) = self.uring.next() {
                 self.handle(&cqe);
             }
         }
@@ -1379,7 +1377,7 @@ impl Tcp {
             self.start_sends();
             let waited = self.uring.submit_and_wait_for(Duration::from_millis(100));
             if waited.is_ok() {
-                while let Some(cqe) = self.uring.next(false) {
+                while let Some(cqe) = self.uring.next() {
                     self.handle(&cqe);
                 }
             }
@@ -1503,7 +1501,7 @@ impl Tcp {
         // A small send into a socket with room completes inside the
         // submission; its completion is taken with the others below.
         let _ = self.uring.submit();
-        while let Some(cqe) = self.uring.next(false) {
+        while let Some(cqe) = self.uring.next() {
             self.handle_teardown(&cqe);
         }
     }
@@ -1906,12 +1904,6 @@ impl Driver for Tcp {
         self.rearm = rearm;
         self.spinners
             .retain(|&slot| live(&mut self.conns, slot).is_some_and(|c| c.spinning && !c.closing));
-        if !self.held_acks.is_empty() || !self.spinners.is_empty() {
-            // A core thread that sleeps after this round must wake up for
-            // the next one, which sends them (AckHold), or which receives
-            // what no armed receive would signal (SPIN_ROUNDS).
-            self.uring.keep_readable();
-        }
         if let Err(e) = self.uring.submit() {
             tracing::warn!(%e, "tcp: io_uring submit failed");
         }
@@ -1921,10 +1913,7 @@ impl Driver for Tcp {
         let mut n = self.emit(out, 0);
         let mut budget = CQES_PER_POLL.max(out.len());
         while n < out.len() && budget > 0 {
-            // Never re-armed while an ACK is held (AckHold) or a
-            // connection busy-receives (SPIN_ROUNDS).
-            let rearm = self.held_acks.is_empty() && self.spinners.is_empty();
-            let Some(cqe) = self.uring.next(rearm) else {
+            let Some(cqe) = self.uring.next() else {
                 break;
             };
             budget -= 1;
@@ -1934,8 +1923,24 @@ impl Driver for Tcp {
         n
     }
 
-    fn wake_fd(&self) -> Option<BorrowedFd<'_>> {
-        Some(self.uring.eventfd())
+    fn wake_fds(&self) -> Vec<BorrowedFd<'_>> {
+        vec![self.uring.eventfd()]
+    }
+
+    /// Not now while the next round has work of its own: a held ACK to
+    /// send (AckHold), a connection that busy-receives (what arrives for
+    /// it signals nothing, SPIN_ROUNDS), or receives to arm again. Else the
+    /// CQ eventfd is armed (read to zero, then the CQ looked at once more;
+    /// not now if a completion or task work is already there).
+    fn prepare_sleep(&mut self) -> Sleep {
+        if !self.held_acks.is_empty() || !self.spinners.is_empty() || !self.rearm.is_empty() {
+            return Sleep::NotNow;
+        }
+        if self.uring.prepare_sleep() {
+            Sleep::Ready
+        } else {
+            Sleep::NotNow
+        }
     }
 
     fn quiesce(&mut self, scope: Quiesce) {

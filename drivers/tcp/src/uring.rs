@@ -126,10 +126,6 @@ impl BufRing {
     }
 }
 
-/// Empty polls in a row before the CQ eventfd is read (see
-/// [`Uring::next`]).
-const EVENTFD_IDLE_POLLS: u32 = 64;
-
 /// Entries of the fixed-file table: connection slots below this get one.
 const FIXED_FILES: u32 = 1024;
 
@@ -139,20 +135,9 @@ pub(crate) struct Uring {
     // unmapped (and the driver's `Drop` waits for requests in flight).
     ring: IoUring,
     bufs: BufRing,
+    /// Written by the kernel for every completion it posts; read only by
+    /// [`prepare_sleep`](Uring::prepare_sleep).
     eventfd: EventFd,
-    /// The eventfd may have been written since it was last read.
-    signaled: bool,
-    /// Calls of [`next`](Uring::next) in a row that found no completion
-    /// while `signaled`.
-    idle: u32,
-    /// Completions that were in the CQ when the eventfd was last read and
-    /// are not taken yet: their writes of the eventfd may be gone with
-    /// that read.
-    before_read: u32,
-    /// A completion posted after the last read of the eventfd has been
-    /// taken (or the driver wrote the eventfd itself): the eventfd is
-    /// readable until the next read.
-    readable: bool,
     /// Entries of the ring's fixed-file table (0: the kernel refused it).
     fixed_files: u32,
 }
@@ -225,10 +210,6 @@ impl Uring {
             bufs,
             eventfd,
             fixed_files,
-            signaled: true,
-            idle: 0,
-            before_read: 0,
-            readable: false,
         })
     }
 
@@ -255,7 +236,7 @@ impl Uring {
     }
 
     /// The CQ eventfd: readable once a completion was posted since the
-    /// last idle [`next`](Uring::next).
+    /// last [`prepare_sleep`](Uring::prepare_sleep).
     pub(crate) fn eventfd(&self) -> BorrowedFd<'_> {
         self.eventfd.as_fd()
     }
@@ -320,84 +301,34 @@ impl Uring {
         }
     }
 
-    /// The next completion, if any. When there has been none for
-    /// [`EVENTFD_IDLE_POLLS`] calls in a row and `rearm` allows it, the
-    /// eventfd is re-armed for a sleeper: read if it may have been
-    /// written, then the queue checked again (a completion posted in
-    /// between has written it or is taken here).
-    ///
-    /// Why not at the first empty call: the read is a system call, and a
-    /// busy-polling ping-pong goes idle after every message, so reading
-    /// at once put a `read(2)` between every answer and the application.
-    /// Until the read the descriptor stays readable, which keeps the
-    /// wake-up contract ([`Driver::wake_fd`](ringfence::Driver::wake_fd)):
-    /// a sleeper is never left asleep with work waiting, at worst woken
-    /// once more. The core thread polls for 100 µs before it sleeps, far
-    /// more than that many rounds.
-    pub(crate) fn next(&mut self, rearm: bool) -> Option<cqueue::Entry> {
-        let mut cqe = self.ring.completion().next();
-        if cqe.is_none() && self.ring.submission().taskrun() {
-            // Task work is waiting (see `new`): any `io_uring_enter` runs
-            // it and posts its completions. An error leaves it for the
-            // next round.
-            let _ = self.ring.submit();
-            cqe = self.ring.completion().next();
+    /// The next completion, if any. Runs waiting task work first (one
+    /// `io_uring_enter`) when the CQ looks empty and the kernel flagged
+    /// some (see `new`). Never touches the eventfd: while the core thread
+    /// polls, the kernel's writes just accumulate, and no `read(2)` comes
+    /// between an answer and the application.
+    pub(crate) fn next(&mut self) -> Option<cqueue::Entry> {
+        let cqe = self.ring.completion().next();
+        if cqe.is_some() || !self.ring.submission().taskrun() {
+            return cqe;
         }
-        if let Some(cqe) = cqe {
-            self.took();
-            return Some(cqe);
-        }
-        if !self.signaled || !rearm {
-            return None;
-        }
-        self.idle += 1;
-        if self.idle < EVENTFD_IDLE_POLLS {
-            return None;
-        }
-        self.signaled = false;
-        self.idle = 0;
-        // Nothing pending: clear the eventfd so a sleeper sleeps. A write
-        // after this read stays until the next idle read.
+        // Task work is waiting: any `io_uring_enter` runs it and posts its
+        // completions. An error leaves it for the next round.
+        let _ = self.ring.submit();
+        self.ring.completion().next()
+    }
+
+    /// Arms the eventfd for a sleeper ([`Driver::prepare_sleep`](ringfence::Driver::prepare_sleep)):
+    /// reads it to zero, then looks at the CQ and the task-work flag once
+    /// more. `true`: nothing is waiting, and any completion posted from
+    /// now on writes the eventfd, which stays readable until the next
+    /// call. `false`: something arrived (a completion posted before the
+    /// read, whose write the read took, or task work to run): the caller
+    /// stays up and takes it.
+    pub(crate) fn prepare_sleep(&mut self) -> bool {
+        // EAGAIN (nothing written since the last read) is the common case.
         let _ = self.eventfd.read();
-        self.readable = false;
-        let cqe = {
-            let mut cq = self.ring.completion();
-            // Posted before the read, or between it and this look: their
-            // writes may be gone (counted so, to be safe).
-            self.before_read = cq.len() as u32;
-            cq.next()
-        };
-        if cqe.is_some() {
-            self.took();
-        }
-        cqe
-    }
-
-    /// Bookkeeping of one completion taken.
-    fn took(&mut self) {
-        self.signaled = true;
-        self.idle = 0;
-        if self.before_read > 0 {
-            self.before_read -= 1;
-        } else {
-            // Posted after the last read: its write is still there.
-            self.readable = true;
-        }
-    }
-
-    /// Makes sure the eventfd is readable until the next read (see
-    /// [`next`](Uring::next)): it is already when a completion posted
-    /// since the last read was taken; otherwise this writes it (a system
-    /// call). For work the driver holds back to a later round, which a
-    /// sleeping core thread must wake up for.
-    pub(crate) fn keep_readable(&mut self) {
-        if self.readable {
-            return;
-        }
-        if self.eventfd.write(1).is_ok() {
-            self.readable = true;
-            self.signaled = true;
-        }
+        let empty = self.ring.completion().is_empty();
+        empty && !self.ring.submission().taskrun()
     }
 
     /// Receive buffer `bid`'s first `len` bytes (what a receive completion
@@ -467,40 +398,24 @@ mod tests {
     }
 
     #[test]
-    fn the_eventfd_is_read_only_after_idle_polls_and_kept_readable_on_demand() {
+    fn the_eventfd_is_read_only_when_arming_for_sleep() {
         let mut u = Uring::new(8, 2, 4096).unwrap();
-        let rearm = |u: &mut Uring| {
-            for _ in 0..EVENTFD_IDLE_POLLS {
-                assert!(u.next(true).is_none());
-            }
-        };
-        // Idle polls re-arm (read) the eventfd; nothing has written it
-        // since, so keep_readable writes it.
-        rearm(&mut u);
-        u.keep_readable();
-        assert_eq!(drain(&u), 1, "keep_readable did not write");
-        // A completion posted after the read has written it: keep_readable
-        // adds nothing.
-        rearm(&mut u);
+        assert!(u.prepare_sleep(), "an idle ring is ready to sleep");
+        assert_eq!(drain(&u), 0, "arming read the eventfd to zero");
+        // A completion posted after arming writes it, and polling does
+        // not read it: the sleeper is woken, whoever polls first.
         nop(&mut u);
-        assert_eq!(u.next(true).map(|c| c.user_data()), Some(7));
-        u.keep_readable();
-        assert_eq!(drain(&u), 1, "keep_readable wrote although the NOP had");
-        // While the caller holds work back (`rearm` false) it is never
-        // read, however long idle: the NOP's write stays.
-        rearm(&mut u);
-        nop(&mut u);
-        assert_eq!(u.next(false).map(|c| c.user_data()), Some(7));
-        for _ in 0..4 * EVENTFD_IDLE_POLLS {
-            assert!(u.next(false).is_none());
+        assert_eq!(u.next().map(|c| c.user_data()), Some(7));
+        for _ in 0..256 {
+            assert!(u.next().is_none());
         }
-        assert_eq!(drain(&u), 1, "read while held back");
-        // Short of the count, an idle poll does not read either.
+        assert_eq!(drain(&u), 1, "polling read the eventfd");
+        // A completion posted before arming and not taken yet: its write
+        // goes with the read, so arming says not now.
         nop(&mut u);
-        assert!(u.next(true).is_some());
-        for _ in 0..EVENTFD_IDLE_POLLS - 1 {
-            assert!(u.next(true).is_none());
-        }
-        assert_eq!(drain(&u), 1, "read before EVENTFD_IDLE_POLLS empty polls");
+        assert!(!u.prepare_sleep(), "armed over a waiting completion");
+        assert_eq!(drain(&u), 0);
+        assert_eq!(u.next().map(|c| c.user_data()), Some(7));
+        assert!(u.prepare_sleep());
     }
 }
