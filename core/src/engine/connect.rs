@@ -59,9 +59,10 @@ impl Engine {
     /// A handshake of endpoint `e` finished with `result`. Once every group
     /// is up, what queued meanwhile is dispatched (scheduled, never run
     /// from here, R19). A failed one fails the endpoint, and everything
-    /// queued completes with the error in FIFO order (R20, R32). An
-    /// endpoint closed or failed meanwhile ignores it: its driver reports
-    /// the pending connect after `disconnect` too.
+    /// queued completes in FIFO order with the error, a graceful CLOSE
+    /// with `close_status` (R20, R32, R34); FENCEs were never queued (R5).
+    /// An endpoint closed or failed meanwhile ignores it: its driver
+    /// reports the pending connect after `disconnect` too.
     pub(super) fn connect_done(&mut self, e: usize, result: Result<u32, Status>) {
         let Some(ep) = self.endpoints.get(e) else {
             self.stray_completions += 1;
