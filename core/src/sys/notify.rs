@@ -167,8 +167,8 @@ impl NotifyPool {
         // state FILLING.
         unsafe {
             peer::copy_from_peer(
-                dst as usize as *mut u8,
                 src as usize as *const u8,
+                dst as usize as *mut u8,
                 len as usize,
             )
         };

@@ -234,7 +234,7 @@ impl Requests<'_> {
                 // call: the engine lock is held), memory peers may write
                 // meanwhile (copied out with the peer primitive: an aligned
                 // word is one atomic load); `dst` is `len` bytes of staging.
-                unsafe { peer_mem::copy_from_peer(dst, src as usize as *const u8, len) }
+                unsafe { peer_mem::copy_from_peer(src as usize as *const u8, dst, len) }
             });
             if !queued {
                 self.serve.get = Some(job);
