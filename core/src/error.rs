@@ -20,8 +20,9 @@ pub enum Error {
     /// A builder value is invalid.
     #[error("invalid configuration: {0}")]
     InvalidConfig(&'static str),
-    /// `RINGFENCE_DRIVERS` names a driver the program did not provide, or
-    /// no driver is left.
+    /// `RINGFENCE_DRIVERS` names a driver the program did not provide, no
+    /// driver is left, or the drivers cannot make one worker (two share a
+    /// name, a name is empty or too long for the worker address).
     #[error("driver selection: {0}")]
     Drivers(String),
     /// A driver refused.

@@ -143,6 +143,11 @@ pub use worker::{Notification, QueuePair, RegisteredBuf, Worker, WorkerBuilder};
 /// memory mapped by a driver, for drivers that move bytes into or out of
 /// it. These never form a Rust reference into it: raw copies, atomic words
 /// (see the crate docs, "Memory shared with a peer").
+///
+/// Every copy takes its source first, then its destination, then the
+/// length, as [`std::ptr::copy`] does: [`copy`](peer_mem::copy)`(src, dst,
+/// len)`, [`copy_to_peer`](peer_mem::copy_to_peer)`(src, dst, len)`,
+/// [`copy_from_peer`](peer_mem::copy_from_peer)`(src, dst, len)`.
 pub mod peer_mem {
     pub use crate::sys::mem::{atomic, copy, store_u64};
     pub use crate::sys::peer::{copy_from_peer, copy_to_peer};

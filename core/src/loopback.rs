@@ -231,8 +231,8 @@ impl Loopback {
             // peer copy primitive: an aligned word lands as one store).
             OpKind::Put => unsafe {
                 peer::copy_to_peer(
-                    remote_addr as usize as *mut u8,
                     op.local_addr as usize as *const u8,
+                    remote_addr as usize as *mut u8,
                     op.len as usize,
                 )
             },
@@ -240,8 +240,8 @@ impl Loopback {
             // aligned word is read with one atomic load).
             OpKind::Get => unsafe {
                 peer::copy_from_peer(
-                    op.local_addr as usize as *mut u8,
                     remote_addr as usize as *const u8,
+                    op.local_addr as usize as *mut u8,
                     op.len as usize,
                 )
             },

@@ -264,8 +264,8 @@ impl SimHandle {
     /// `prepare_sleep` (for the earliest due moment; `NotNow` if something
     /// is due already) and disarms it in `woke`, so a busy-polling engine
     /// makes no timer call at all; `false` (the default) keeps it
-    /// level-triggered, re-armed at every poll. Takes effect at the next
-    /// poll.
+    /// level-triggered, re-armed at every poll. Set it before the driver
+    /// has work.
     pub fn arm_on_sleep(&self, on: bool) {
         self.state().arm_on_sleep = on;
     }
@@ -469,8 +469,8 @@ pub struct SimDriver<D: Driver> {
     timer: TimerFd,
     /// The expiry the timer is set to, if armed.
     armed: Option<u64>,
-    /// The timer is one-shot ([`SimHandle::arm_on_sleep`], as of the last
-    /// poll).
+    /// The timer is one-shot ([`SimHandle::arm_on_sleep`], as last read
+    /// from the handle's state).
     one_shot: bool,
     /// Between a one-shot `prepare_sleep` and its `woke`.
     asleep: bool,
@@ -592,7 +592,9 @@ impl<D: Driver> SimDriver<D> {
     /// never clears readability: if the armed one has passed, so has `at`.
     fn arm_by(&mut self, at: u64) {
         // One-shot: armed by `prepare_sleep` only, and only while asleep.
-        if self.one_shot && !self.asleep {
+        let one_shot = self.state().arm_on_sleep;
+        self.one_shot = one_shot;
+        if one_shot && !self.asleep {
             return;
         }
         if self.armed.is_none_or(|armed| at < armed) {
@@ -1246,7 +1248,12 @@ impl<D: Driver> Driver for SimDriver<D> {
     /// already. One-shot ([`SimHandle::arm_on_sleep`]): armed now for the
     /// earliest due moment, `NotNow` if that has come already.
     fn prepare_sleep(&mut self) -> Sleep {
-        self.state().stats.sleeps_prepared += 1;
+        let one_shot = {
+            let mut s = self.state();
+            s.stats.sleeps_prepared += 1;
+            s.arm_on_sleep
+        };
+        self.one_shot = one_shot;
         if self.waits_for_polls() {
             return Sleep::NotNow;
         }

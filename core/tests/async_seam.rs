@@ -1007,3 +1007,102 @@ fn a_named_simulated_driver_stands_in_for_a_device_driver() {
     assert_eq!(cqes[0].res, Status::Unsupported.as_raw());
     assert!(handle.violations().is_empty(), "{:?}", handle.violations());
 }
+
+/// What each kind of SQE queued behind a failed handshake completes with,
+/// as the README's "Connecting" section and `Worker::connect` say: a FENCE
+/// completes when it is submitted (R5), while the endpoint is still
+/// connecting; the PUTs and FLUSHes queued behind the handshake complete
+/// with its error, in submission order; a worker FLUSH covering them fails
+/// with it too; a queued graceful CLOSE succeeds (R34) and closes the
+/// endpoint, unless the error is `PeerUnreachable`, which it then
+/// returns. After the failure, a FENCE succeeds (or fails with
+/// `PeerUnreachable` where that is the error) and anything else fails
+/// with the error.
+#[test]
+fn a_failed_handshake_completes_each_kind_of_queued_sqe_as_documented() {
+    for error in [Status::Timeout, Status::PeerUnreachable] {
+        for close in [false, true] {
+            let (t, window) = target(4 * SLOT as usize);
+            let (w, sim) = initiator(1);
+            sim.connect_polls(5);
+            sim.fail_connect(error);
+            let ep = w.connect(t.address()).unwrap();
+            let rkey = w
+                .unpack_rkey(ep, &t.pack_rkey(window.handle()).unwrap())
+                .unwrap();
+            let src = w.alloc_registered(4096).unwrap();
+            let e = ep.as_raw();
+            let remote = RemoteBuf {
+                rkey: rkey.as_raw(),
+                addr: window.addr(),
+            };
+            let mut sqes = vec![
+                Sqe::put(e, src.local(0), remote, 8).with_user_data(0),
+                Sqe::fence(e, FenceMode::ORDER).with_user_data(1),
+                Sqe::put(e, src.local(0), remote, 8).with_user_data(2),
+                Sqe::fence(e, FenceMode::COMPLETE).with_user_data(3),
+                Sqe::flush(e).with_user_data(4),
+                Sqe::flush_worker().with_user_data(5),
+            ];
+            if close {
+                sqes.push(Sqe::close(e, ringfence_ring::CloseMode::GRACEFUL).with_user_data(6));
+            }
+            let mut qp = w.create_queue().unwrap();
+            qp.push_batch(&sqes).unwrap();
+            qp.submit();
+            // Still connecting: only the FENCEs have completed.
+            let mut early = Vec::new();
+            for _ in 0..3 {
+                w.progress();
+                assert_eq!(
+                    w.endpoint_state(ep).unwrap(),
+                    if close {
+                        EndpointState::Closing
+                    } else {
+                        EndpointState::Connecting
+                    }
+                );
+                while let Some(c) = qp.pop().unwrap() {
+                    early.push((c.user_data, c.res));
+                }
+            }
+            assert_eq!(early, [(1, 0), (3, 0)], "{error:?}: FENCEs at submission");
+            let rest = run(&w, &mut qp, &[], sqes.len() - 2);
+            let rest: Vec<(u64, i32)> = rest.iter().map(|c| (c.user_data, c.res)).collect();
+            let status = error.as_raw();
+            let mut expected = vec![(0, status), (2, status), (4, status)];
+            if close {
+                let closed = if error == Status::PeerUnreachable {
+                    status
+                } else {
+                    0
+                };
+                expected.push((6, closed));
+            }
+            expected.push((5, status));
+            assert_eq!(rest, expected, "{error:?}, close {close}");
+            assert_eq!(sim.stats().posted, 0, "nothing posted");
+            if close {
+                assert_eq!(w.endpoint_state(ep).unwrap(), EndpointState::Closed);
+                continue;
+            }
+            assert_eq!(w.endpoint_state(ep).unwrap(), EndpointState::Failed(error));
+            let later = run(
+                &w,
+                &mut qp,
+                &[
+                    Sqe::fence(e, FenceMode::COMPLETE).with_user_data(7),
+                    Sqe::put(e, src.local(0), remote, 8).with_user_data(8),
+                ],
+                2,
+            );
+            let fence = if error == Status::PeerUnreachable {
+                status
+            } else {
+                0
+            };
+            assert_eq!(later[0].res, fence, "{error:?}: a later FENCE");
+            assert_eq!(later[1].res, status, "{error:?}: a later PUT");
+        }
+    }
+}

@@ -315,7 +315,10 @@ pub struct Op {
 #[derive(Debug, Clone)]
 pub struct DriverContext {
     /// Where incoming notifications go: the driver copies each payload into a
-    /// buffer it claims from this pool.
+    /// buffer it claims from this pool ([`NotifyPool::deliver`]). When every
+    /// buffer is taken, the release of the next one rings the worker's SQ
+    /// doorbell: a driver that keeps the payload and retries from `poll`
+    /// need not stop the core thread from sleeping.
     pub notify: Arc<NotifyPool>,
 }
 

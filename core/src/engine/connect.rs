@@ -67,12 +67,13 @@ impl Engine {
     /// The handshake that driver `d` ran for attempt `attempt` of endpoint
     /// `e` finished with `result`. Once every group is up, what queued
     /// meanwhile is dispatched (scheduled, never run from here, R19). A
-    /// failed one fails the endpoint, and everything queued completes with
-    /// the error in FIFO order (R20, R32). An endpoint closed or failed
-    /// meanwhile ignores it: its driver reports the pending connect after
-    /// `disconnect` too. A completion of another attempt (one refused at
-    /// once, whose index this endpoint took), or a second one from the
-    /// same driver, is stray.
+    /// failed one fails the endpoint, and everything queued completes in
+    /// FIFO order with the error, a graceful CLOSE with `close_status`
+    /// (R20, R32, R34); FENCEs were never queued (R5). An endpoint closed
+    /// or failed meanwhile ignores it: its driver reports the pending
+    /// connect after `disconnect` too. A completion of another attempt
+    /// (one refused at once, whose index this endpoint took), or a second
+    /// one from the same driver, is stray.
     pub(super) fn connect_done(
         &mut self,
         d: usize,

@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub unsafe fn copy(src: u64, dst: u64, len: usize) {
     // SAFETY: both ranges are valid (contract) and reached through raw
     // pointers only; the primitive allows overlap.
-    unsafe { peer::copy_to_peer(dst as usize as *mut u8, src as usize as *const u8, len) }
+    unsafe { peer::copy_to_peer(src as usize as *const u8, dst as usize as *mut u8, len) }
 }
 
 /// Performs `op` on the 8-byte word at `addr` and returns the old value.
@@ -202,7 +202,7 @@ impl OwnedMem {
         // SAFETY: in bounds (asserted), from `ptr()`, which keeps the heap
         // allocation's provenance; `out` is a distinct local buffer. The
         // memory may be written by a peer meanwhile: see the module docs.
-        unsafe { peer::copy_from_peer(out.as_mut_ptr(), self.ptr().add(offset), out.len()) }
+        unsafe { peer::copy_from_peer(self.ptr().add(offset), out.as_mut_ptr(), out.len()) }
     }
 
     /// Copies `data` in at `offset`.
@@ -215,7 +215,7 @@ impl OwnedMem {
         // SAFETY: in bounds (asserted), writable (owned memory, handed out
         // for writing), from `ptr()` (see `read`); `data` is a distinct
         // local buffer.
-        unsafe { peer::copy_to_peer(self.ptr().cast_mut().add(offset), data.as_ptr(), data.len()) }
+        unsafe { peer::copy_to_peer(data.as_ptr(), self.ptr().cast_mut().add(offset), data.len()) }
     }
 
     /// The word at `offset`, for atomic access.

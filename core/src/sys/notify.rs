@@ -12,6 +12,26 @@
 //! Buffer states (one atomic byte each): `FREE` → (driver) `FILLING` →
 //! `FULL` → (application) `READING` → `FREE`. Only the owner of a state moves
 //! it on, so a buffer is never written while read.
+//!
+//! # A full pool
+//! A claim that finds every buffer taken fails with
+//! [`Status::NoResource`] and leaves a mark (`wanted`); the release that
+//! next frees a buffer sees it, clears it and rings the waker (the
+//! worker's SQ doorbell) once, so a driver that keeps a received payload
+//! for lack of a buffer and retries at its next poll need not keep the
+//! core thread spinning: the thread may sleep, and the release wakes it
+//! for the round in which the retry succeeds. A release that nobody
+//! waits for costs what it did (one read-modify-write of the buffer's
+//! state and one load of the mark): no lock, no system call.
+//!
+//! The mark and the states form the store-buffering pattern: the claimer
+//! stores the mark, then scans the states again; the releaser frees a
+//! state, then loads the mark; all four accesses are SeqCst, so at least
+//! one side sees the other's write (the claimer finds the freed buffer, or
+//! the releaser finds the mark and rings). This is the store-buffering
+//! litmus test, forbidden for SeqCst accesses by their single total order
+//! (C++20 [atomics.order], which Rust's atomics follow); the failed
+//! compare-exchanges of the second scan are SeqCst loads in that order.
 
 use super::mem::OwnedMem;
 use super::peer;
@@ -57,6 +77,14 @@ pub struct NotifyPool {
     /// `waker` (the store-buffering pattern of the rings' NEED_WAKEUP).
     sleeping: WakeFlag,
     waker: OnceLock<Arc<Doorbell>>,
+    /// A claim found every buffer taken and nobody rang `waker` for it
+    /// yet. Set (SeqCst) by `deliver` before its second scan; cleared by
+    /// the first `release` that frees a buffer after it, which rings
+    /// `waker`. It may stay set after the second scan found a buffer after
+    /// all (another claimer's mark cannot be told apart): the next release
+    /// then rings once for nothing, which only costs the core thread a
+    /// round.
+    wanted: AtomicBool,
 }
 
 impl fmt::Debug for NotifyPool {
@@ -124,6 +152,7 @@ impl NotifyPool {
             maybe_delivered: AtomicBool::new(false),
             sleeping: WakeFlag::new(),
             waker: OnceLock::new(),
+            wanted: AtomicBool::new(false),
         })
     }
 
@@ -143,7 +172,10 @@ impl NotifyPool {
     /// # Errors
     /// [`Status::Truncated`] if `len` exceeds the buffer size (or there are
     /// no buffers at all: every payload is too large then);
-    /// [`Status::NoResource`] if every buffer is in use (retry later).
+    /// [`Status::NoResource`] if every buffer is in use (retry later): the
+    /// release that frees the next one rings the worker's SQ doorbell, so a
+    /// driver that keeps the payload and retries from its `poll` may let
+    /// the core thread sleep meanwhile (the module docs, "A full pool").
     ///
     /// # Safety
     /// - `[src, src + len)` is readable memory of a live registration.
@@ -151,13 +183,18 @@ impl NotifyPool {
         let Some(mem) = self.mem.as_ref().filter(|_| len <= self.size) else {
             return Err(Status::Truncated);
         };
-        let Some(buffer) = self.states.iter().position(|s| {
-            // Acquire: the application's reads of this buffer are done
-            // before we fill it; pairs with the Release in `release`.
-            s.compare_exchange(FREE, FILLING, Ordering::Acquire, Ordering::Relaxed)
-                .is_ok()
-        }) else {
-            return Err(Status::NoResource);
+        // Acquire: the application's reads of the buffer are done before
+        // we fill it; pairs with the release's SeqCst (a release) CAS.
+        let buffer = match self.claim(Ordering::Acquire, Ordering::Relaxed) {
+            Some(buffer) => buffer,
+            None => {
+                // SeqCst, then a second scan with SeqCst loads: pairs with
+                // the CAS and the load of `wanted` in `release` (the
+                // module docs, "A full pool").
+                self.wanted.store(true, Ordering::SeqCst);
+                self.claim(Ordering::SeqCst, Ordering::SeqCst)
+                    .ok_or(Status::NoResource)?
+            }
         };
         let dst = mem.addr() + buffer as u64 * u64::from(self.size);
         // SAFETY: the source is valid (contract), and may be memory a peer
@@ -167,8 +204,8 @@ impl NotifyPool {
         // state FILLING.
         unsafe {
             peer::copy_from_peer(
-                dst as usize as *mut u8,
                 src as usize as *const u8,
+                dst as usize as *mut u8,
                 len as usize,
             )
         };
@@ -195,7 +232,16 @@ impl NotifyPool {
         Ok(())
     }
 
-    /// The doorbell a delivery rings while the target sleeps (set once).
+    /// Takes a free buffer (FREE → FILLING) with these orderings for the
+    /// successful and the failed compare-exchanges.
+    fn claim(&self, success: Ordering, failure: Ordering) -> Option<usize> {
+        self.states
+            .iter()
+            .position(|s| s.compare_exchange(FREE, FILLING, success, failure).is_ok())
+    }
+
+    /// The doorbell a delivery rings while the target sleeps, and a
+    /// release after a claim found the pool full (set once).
     pub(crate) fn set_waker(&self, waker: Arc<Doorbell>) {
         let _ = self.waker.set(waker);
     }
@@ -259,11 +305,27 @@ impl NotifyPool {
         Some(unsafe { mem.slice(buffer as usize * self.size as usize, len) })
     }
 
-    /// Gives buffer `buffer` back after `read`.
+    /// Gives buffer `buffer` back after `read`; rings the waker if a claim
+    /// found the pool full since the last such ring (the module docs, "A
+    /// full pool").
     pub(crate) fn release(&self, buffer: u16) {
-        if let Some(state) = self.states.get(buffer as usize) {
-            // Release: our reads are done before a driver refills it.
-            let _ = state.compare_exchange(READING, FREE, Ordering::Release, Ordering::Relaxed);
+        let Some(state) = self.states.get(buffer as usize) else {
+            return;
+        };
+        // SeqCst (a release: our reads are done before a driver refills
+        // it, pairing with the Acquire CAS in `claim`), then a SeqCst load
+        // of `wanted`: pairs with the store and second scan in `deliver`.
+        // On x86_64 the CAS is the same `lock cmpxchg` as with Release and
+        // the load a plain `mov`.
+        let freed = state
+            .compare_exchange(READING, FREE, Ordering::SeqCst, Ordering::Relaxed)
+            .is_ok();
+        // The swap makes one release ring per mark, however many see it.
+        if freed && self.wanted.load(Ordering::SeqCst) && self.wanted.swap(false, Ordering::SeqCst)
+        {
+            if let Some(waker) = self.waker.get() {
+                let _ = waker.ring();
+            }
         }
     }
 }
@@ -316,5 +378,75 @@ mod tests {
         // SAFETY: nothing is read: there are no buffers.
         assert_eq!(unsafe { empty.deliver(src, 1, 0) }, Err(Status::Truncated));
         assert!(NotifyPool::new(MAX_NOTIFY_BUFFERS + 1, 1).is_err());
+    }
+
+    /// A claim that finds the pool full marks it; the release that frees a
+    /// buffer then rings the waker, once; releases nobody waits for, and
+    /// deliveries while the target is awake, ring nothing.
+    #[test]
+    #[cfg_attr(miri, ignore = "an eventfd")]
+    fn a_release_after_a_claim_found_the_pool_full_rings_the_waker_once() {
+        let pool = NotifyPool::new(2, 8).unwrap();
+        let bell = Arc::new(Doorbell::new().unwrap());
+        pool.set_waker(bell.clone());
+        let payload = *b"payload!";
+        let src = payload.as_ptr() as usize as u64;
+        let fill = || {
+            // SAFETY: `payload` is readable for 8 bytes.
+            unsafe {
+                pool.deliver(src, 8, 1).unwrap();
+                pool.deliver(src, 8, 2).unwrap();
+            }
+            let mut n = 0;
+            pool.drain(|d| {
+                assert!(pool.read(d.buffer, d.len).is_some());
+                n += 1;
+                true
+            });
+            assert_eq!(n, 2);
+        };
+        // Full, and nobody wanted a buffer: releases ring nothing.
+        fill();
+        assert!(
+            !bell.clear().unwrap(),
+            "deliveries while awake ring nothing"
+        );
+        pool.release(0);
+        pool.release(1);
+        assert!(!bell.clear().unwrap(), "a release nobody waits for");
+        // Full, and a claim fails: the first release rings, the second not.
+        fill();
+        // SAFETY: as above.
+        assert_eq!(unsafe { pool.deliver(src, 8, 3) }, Err(Status::NoResource));
+        assert!(
+            !bell.clear().unwrap(),
+            "the failed claim itself rings nothing"
+        );
+        pool.release(1);
+        assert!(bell.clear().unwrap(), "the release after the failed claim");
+        pool.release(0);
+        assert!(!bell.clear().unwrap(), "once per failed claim");
+        // Twice full and failed before any release: still one ring.
+        fill();
+        for tag in [4, 5] {
+            // SAFETY: as above.
+            let claimed = unsafe { pool.deliver(src, 8, tag) };
+            assert_eq!(claimed, Err(Status::NoResource));
+        }
+        pool.release(0);
+        pool.release(1);
+        assert!(bell.clear().unwrap());
+        assert!(!bell.clear().unwrap(), "one write: the counter was 1");
+        // A release of a buffer not being read frees nothing, rings nothing.
+        fill();
+        // SAFETY: as above.
+        assert_eq!(unsafe { pool.deliver(src, 8, 6) }, Err(Status::NoResource));
+        pool.release(9);
+        assert!(!bell.clear().unwrap(), "nothing freed");
+        pool.release(0);
+        assert!(bell.clear().unwrap());
+        // The retry after the wake finds the freed buffer.
+        // SAFETY: as above.
+        assert_eq!(unsafe { pool.deliver(src, 8, 7) }, Ok(()));
     }
 }

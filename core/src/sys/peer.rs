@@ -20,6 +20,14 @@
 //! - The ranges may overlap (a worker connected to itself PUTs from a
 //!   buffer into the same buffer): the result is that of [`ptr::copy`].
 //!
+//! # Argument order
+//! Every copy here and in `peer_mem` takes the source first, then the
+//! destination, then the length: `copy_to_peer(src, dst, len)`,
+//! `copy_from_peer(src, dst, len)`, `peer_mem::copy(src, dst, len)`, as
+//! [`ptr::copy`]`(src, dst, count)` and `copy_nonoverlapping` do. The
+//! word accessors name their one address first (`store_u64(dst, value)`,
+//! `peer_mem::atomic(addr, ..)`).
+//!
 //! # Why the orderings
 //! Stores are Release: free on x86_64 (a plain `MOV`), one `STLR` on
 //! aarch64, and they make a single-word copy behind earlier copies of the
@@ -71,9 +79,9 @@ use std::sync::atomic::{AtomicU8, AtomicU16, AtomicU32, AtomicU64, Ordering};
 /// - No Rust reference to the destination is alive in this process (other
 ///   processes and other threads' raw or atomic accesses are allowed).
 #[inline]
-pub unsafe fn copy_to_peer(dst: *mut u8, src: *const u8, len: usize) {
+pub unsafe fn copy_to_peer(src: *const u8, dst: *mut u8, len: usize) {
     // SAFETY: the caller's contract is `copy`'s.
-    unsafe { copy::<false>(dst, src, len) }
+    unsafe { copy::<false>(src, dst, len) }
 }
 
 /// Copies `len` bytes from memory a peer may write concurrently, at `src`,
@@ -88,9 +96,9 @@ pub unsafe fn copy_to_peer(dst: *mut u8, src: *const u8, len: usize) {
 ///   shared borrow does not allow). The source may be a read-only
 ///   mapping: its atomic loads are Relaxed and at most 8 bytes.
 #[inline]
-pub unsafe fn copy_from_peer(dst: *mut u8, src: *const u8, len: usize) {
+pub unsafe fn copy_from_peer(src: *const u8, dst: *mut u8, len: usize) {
     // SAFETY: the caller's contract is `copy`'s.
-    unsafe { copy::<true>(dst, src, len) }
+    unsafe { copy::<true>(src, dst, len) }
 }
 
 /// The 8-byte word at `src`, read with one atomic load (Acquire: the
@@ -118,7 +126,7 @@ pub unsafe fn store_u64(dst: *mut u64, value: u64) {
     unsafe { AtomicU64::from_ptr(dst) }.store(value, Ordering::Release);
 }
 
-/// One word of `$ty` from `$src` to `$dst`: the destination atomic when
+/// One word of `$ty` from `$src` to `$dst` (source first, as everywhere here): the destination atomic when
 /// aligned to the word's size, the source too if `$atomic_src`; plain
 /// unaligned accesses otherwise. The load comes first, so overlapping
 /// ranges copy as `ptr::copy` would.
@@ -128,8 +136,8 @@ pub unsafe fn store_u64(dst: *mut u64, value: u64) {
 /// `usize::MAX`), and which Miri answers from the allocation's alignment,
 /// so that its symbolic alignment check agrees with the branch taken.
 macro_rules! word {
-    ($ty:ty, $atomic:ty, $dst:expr, $src:expr, $atomic_src:expr) => {{
-        let (dst, src): (*mut u8, *const u8) = ($dst, $src);
+    ($ty:ty, $atomic:ty, $src:expr, $dst:expr, $atomic_src:expr) => {{
+        let (src, dst): (*const u8, *mut u8) = ($src, $dst);
         const SIZE: usize = size_of::<$ty>();
         let value: $ty = if $atomic_src && src.align_offset(SIZE) == 0 {
             // SAFETY: `src` is readable for SIZE bytes and not under a
@@ -167,17 +175,17 @@ macro_rules! word {
 /// # Safety
 /// As [`copy_to_peer`], or [`copy_from_peer`] with `ATOMIC_SRC`.
 #[inline(always)]
-unsafe fn copy<const ATOMIC_SRC: bool>(dst: *mut u8, src: *const u8, len: usize) {
+unsafe fn copy<const ATOMIC_SRC: bool>(src: *const u8, dst: *mut u8, len: usize) {
     // Every load and store below covers a sub-range of `[0, len)` of its
     // pointer, which the caller makes valid; the atomic accesses check
     // their pointer's alignment first (`word!`); in every arm all loads
     // precede the stores, so overlapping ranges copy as `ptr::copy` would.
     match len {
         0 => {}
-        1 => word!(u8, AtomicU8, dst, src, ATOMIC_SRC),
-        2 => word!(u16, AtomicU16, dst, src, ATOMIC_SRC),
-        4 => word!(u32, AtomicU32, dst, src, ATOMIC_SRC),
-        8 => word!(u64, AtomicU64, dst, src, ATOMIC_SRC),
+        1 => word!(u8, AtomicU8, src, dst, ATOMIC_SRC),
+        2 => word!(u16, AtomicU16, src, dst, ATOMIC_SRC),
+        4 => word!(u32, AtomicU32, src, dst, ATOMIC_SRC),
+        8 => word!(u64, AtomicU64, src, dst, ATOMIC_SRC),
         // SAFETY: bytes 0..2 and 2 of each range (contract).
         3 => unsafe {
             let (a, b) = (src.cast::<u16>().read_unaligned(), src.add(2).read());
@@ -252,10 +260,10 @@ mod tests {
                     // raw pointer only (not a shared borrow).
                     unsafe {
                         if (len + s + d) % 2 == 0 {
-                            copy_to_peer(ours.0.as_mut_ptr().add(d), src.0.as_ptr().add(s), len);
+                            copy_to_peer(src.0.as_ptr().add(s), ours.0.as_mut_ptr().add(d), len);
                         } else {
                             let from = src.0.as_mut_ptr().add(s);
-                            copy_from_peer(ours.0.as_mut_ptr().add(d), from, len);
+                            copy_from_peer(from, ours.0.as_mut_ptr().add(d), len);
                         }
                         ptr::copy(src.0.as_ptr().add(s), expect.0.as_mut_ptr().add(d), len);
                     }
@@ -290,7 +298,7 @@ mod tests {
                             ours.0.as_mut_ptr().add(start),
                             expect.0.as_mut_ptr().add(start),
                         );
-                        copy_to_peer(o.add(shift), o, len);
+                        copy_to_peer(o, o.add(shift), len);
                         ptr::copy(e, e.add(shift), len);
                     }
                     assert!(
@@ -304,7 +312,7 @@ mod tests {
                             ours.0.as_mut_ptr().add(start),
                             expect.0.as_mut_ptr().add(start),
                         );
-                        copy_from_peer(o, o.add(shift), len);
+                        copy_from_peer(o.add(shift), o, len);
                         ptr::copy(e.add(shift), e, len);
                     }
                     assert!(ours.0 == expect.0, "len {len}, back by {shift} at {start}");
@@ -412,7 +420,7 @@ mod tests {
                         let src = if round % 2 == 0 { &ones } else { &zeros };
                         // SAFETY: `at` is `size`-aligned (16 into a 64-aligned
                         // array) with `size` bytes inside it.
-                        unsafe { copy_to_peer(at, src.as_ptr(), size) };
+                        unsafe { copy_to_peer(src.as_ptr(), at, size) };
                     }
                 })
             };
@@ -420,7 +428,7 @@ mod tests {
             for _ in 0..rounds {
                 let mut out = [0x5au8; 8];
                 // SAFETY: as for the writer.
-                unsafe { copy_from_peer(out.as_mut_ptr(), at, size) };
+                unsafe { copy_from_peer(at, out.as_mut_ptr(), size) };
                 let got = &out[..size];
                 assert!(
                     got.iter().all(|&b| b == 0) || got.iter().all(|&b| b == 0xff),

@@ -8,6 +8,7 @@
 
 use super::*;
 use crate::checksum;
+use crate::driver::DriverError;
 
 const ADDRESS_MAGIC: &[u8; 4] = b"RFWA";
 /// Version 1 had no integrity check.
@@ -19,20 +20,62 @@ const KEY_VERSION: u8 = 2;
 /// The worker address: `"RFWA"`, version 2, the number of drivers, per
 /// driver its name's length (`u8`), its name, its part's length
 /// (little-endian `u16`) and its part; then the check.
-pub(super) fn encode_address(drivers: &[Box<dyn Driver>]) -> Vec<u8> {
+///
+/// # Errors
+/// A field the format cannot hold is refused, never truncated (a cut
+/// length would make an address its own decoder rejects, or worse, one
+/// that decodes to other parts): more than 255 drivers or a driver name
+/// that is empty or longer than [`MAX_NAME_LEN`] bytes
+/// ([`Error::Drivers`]), a driver's part longer than [`MAX_PART_LEN`]
+/// bytes ([`Error::Driver`] with [`Status::InvalidArgument`]). The
+/// status of each is [`Status::InvalidArgument`]. Refusing long names
+/// here, as the worker is built, also keeps them out of packed keys,
+/// which carry the name with the same one-byte length.
+pub(super) fn encode_address(drivers: &[Box<dyn Driver>]) -> Result<Vec<u8>, Error> {
+    let count = u8::try_from(drivers.len())
+        .map_err(|_| Error::Drivers(format!("{} drivers: at most 255", drivers.len())))?;
     let mut out = ADDRESS_MAGIC.to_vec();
     out.push(ADDRESS_VERSION);
-    out.push(drivers.len() as u8);
+    out.push(count);
     for d in drivers {
+        let name = d.name();
+        let name_len = u8::try_from(name.len())
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| {
+                Error::Drivers(format!(
+                    "a driver name of {} bytes: names are 1 to {MAX_NAME_LEN} bytes",
+                    name.len()
+                ))
+            })?;
         let part = d.address();
-        out.push(d.name().len() as u8);
-        out.extend_from_slice(d.name().as_bytes());
-        out.extend_from_slice(&(part.len() as u16).to_le_bytes());
+        let part_len = u16::try_from(part.len()).map_err(|_| Error::Driver {
+            driver: name,
+            op: "worker address",
+            source: DriverError::new(
+                Status::InvalidArgument,
+                format!(
+                    "its address part is {} bytes: a worker address holds at most \
+                     {MAX_PART_LEN} per driver",
+                    part.len()
+                ),
+            ),
+        })?;
+        out.push(name_len);
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(&part_len.to_le_bytes());
         out.extend_from_slice(&part);
     }
     checksum::seal(&mut out);
-    out
+    Ok(out)
 }
+
+/// The longest driver name a worker address (and a packed key) holds: its
+/// length is one byte.
+pub(crate) const MAX_NAME_LEN: usize = u8::MAX as usize;
+/// The longest address part of one driver a worker address holds: its
+/// length is a `u16`.
+pub(crate) const MAX_PART_LEN: usize = u16::MAX as usize;
 
 /// The body of a sealed blob after its magic and version byte, checked in
 /// order: the magic, the version, that there is a version byte, the check.
@@ -169,7 +212,144 @@ mod tests {
 
     fn address() -> Vec<u8> {
         let drivers: Vec<Box<dyn Driver>> = vec![Box::new(Loopback::new())];
-        encode_address(&drivers)
+        encode_address(&drivers).unwrap()
+    }
+
+    /// A loopback driver whose address part is `extra` bytes longer, and
+    /// whose name may be any length (`Loopback::named`).
+    #[derive(Debug)]
+    struct Wide {
+        inner: Loopback,
+        extra: usize,
+    }
+
+    impl Wide {
+        fn boxed(inner: Loopback, extra: usize) -> Vec<Box<dyn Driver>> {
+            vec![Box::new(Wide { inner, extra })]
+        }
+    }
+
+    impl Driver for Wide {
+        fn name(&self) -> &'static str {
+            self.inner.name()
+        }
+        fn capabilities(&self) -> crate::driver::Capabilities {
+            self.inner.capabilities()
+        }
+        fn attach(&mut self, ctx: crate::driver::DriverContext) {
+            self.inner.attach(ctx);
+        }
+        fn address(&self) -> Vec<u8> {
+            let mut a = self.inner.address();
+            a.resize(a.len() + self.extra, 0xa5);
+            a
+        }
+        fn connect(
+            &mut self,
+            peer: &[u8],
+            lanes: u8,
+            token: crate::driver::Token,
+        ) -> Result<crate::driver::Connect, DriverError> {
+            self.inner.connect(peer, lanes, token)
+        }
+        fn disconnect(&mut self, ep: DriverEp) {
+            self.inner.disconnect(ep);
+        }
+        fn register(&mut self, mem: &MemDesc) -> Result<DriverMemKey, DriverError> {
+            self.inner.register(mem)
+        }
+        fn deregister(&mut self, key: DriverMemKey) {
+            self.inner.deregister(key);
+        }
+        fn pack_rkey(&self, key: DriverMemKey) -> Result<Vec<u8>, DriverError> {
+            self.inner.pack_rkey(key)
+        }
+        fn unpack_rkey(
+            &mut self,
+            ep: DriverEp,
+            blob: &[u8],
+        ) -> Result<crate::driver::DriverRkey, DriverError> {
+            self.inner.unpack_rkey(ep, blob)
+        }
+        #[allow(unsafe_code)] // forwards the unsafe `post`
+        unsafe fn post(
+            &mut self,
+            ep: DriverEp,
+            op: &crate::driver::Op,
+            token: crate::driver::Token,
+        ) -> crate::driver::Posted {
+            // SAFETY: the caller's contract is the inner driver's.
+            unsafe { self.inner.post(ep, op, token) }
+        }
+        fn flush(
+            &mut self,
+            ep: DriverEp,
+            lanes: crate::driver::LaneMask,
+            token: crate::driver::Token,
+        ) -> crate::driver::Posted {
+            self.inner.flush(ep, lanes, token)
+        }
+        fn poll(&mut self, out: &mut [crate::driver::Completion]) -> usize {
+            self.inner.poll(out)
+        }
+    }
+
+    /// A driver's address part of the longest length the format holds is
+    /// encoded whole; one byte more, or 70,000 bytes, is refused with
+    /// `InvalidArgument`, never cut to its low 16 bits (70,000 would have
+    /// been encoded as 4,464). The worker builder reports the same error.
+    #[test]
+    fn an_address_part_longer_than_the_format_holds_is_refused() {
+        let base = Loopback::new().address().len();
+        let a = encode_address(&Wide::boxed(Loopback::new(), MAX_PART_LEN - base)).unwrap();
+        let parts = decode_address(&a).unwrap();
+        assert_eq!(parts[0].1.len(), MAX_PART_LEN);
+        for extra in [MAX_PART_LEN - base + 1, 70_000 - base] {
+            let err = encode_address(&Wide::boxed(Loopback::new(), extra)).unwrap_err();
+            assert_eq!(err.status(), Status::InvalidArgument, "{err}");
+            assert!(
+                matches!(
+                    err,
+                    Error::Driver {
+                        driver: "loopback",
+                        ..
+                    }
+                ),
+                "{err:?}"
+            );
+        }
+        let built = crate::Worker::builder()
+            .ignore_env()
+            .driver(Wide {
+                inner: Loopback::new(),
+                extra: 70_000 - base,
+            })
+            .build();
+        let err = built.expect_err("a 70,000-byte part is refused");
+        assert_eq!(err.status(), Status::InvalidArgument, "{err}");
+    }
+
+    /// A driver name of 255 bytes is encoded whole; one of 256 or 300
+    /// bytes, or an empty one, is refused with `InvalidArgument`, never
+    /// cut to its low 8 bits (300 would have been encoded as 44, and the
+    /// rest of the name read as the part's length).
+    #[test]
+    fn a_driver_name_the_format_cannot_hold_is_refused() {
+        let name = |len: usize| -> &'static str { "n".repeat(len).leak() };
+        let a = encode_address(&Wide::boxed(Loopback::new().named(name(MAX_NAME_LEN)), 0)).unwrap();
+        assert_eq!(decode_address(&a).unwrap()[0].0.len(), MAX_NAME_LEN);
+        for len in [0, MAX_NAME_LEN + 1, 300] {
+            let err =
+                encode_address(&Wide::boxed(Loopback::new().named(name(len)), 0)).unwrap_err();
+            assert_eq!(err.status(), Status::InvalidArgument, "{len}: {err}");
+            assert!(matches!(err, Error::Drivers(_)), "{len}: {err:?}");
+        }
+        let built = crate::Worker::builder()
+            .ignore_env()
+            .driver(Loopback::new().named(name(300)))
+            .build();
+        let err = built.expect_err("a 300-byte name is refused");
+        assert_eq!(err.status(), Status::InvalidArgument, "{err}");
     }
 
     fn flip(blob: &[u8], bit: usize) -> Vec<u8> {

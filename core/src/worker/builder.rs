@@ -69,8 +69,12 @@ impl WorkerBuilder {
     /// [`Error::Config`] for a malformed environment variable,
     /// [`Error::InvalidConfig`] for a bad builder value, [`Error::Drivers`]
     /// if no driver is left, `RINGFENCE_DRIVERS` names one not provided, a
-    /// driver's capabilities are unusable (`Capabilities::invalid`), or two
-    /// drivers share a name; [`Error::MemoryLimit`] (status
+    /// driver's capabilities are unusable (`Capabilities::invalid`), two
+    /// drivers share a name, or a name is empty or longer than 255 bytes
+    /// (the worker address and packed keys hold it with a one-byte
+    /// length); [`Error::Driver`] with [`Status::InvalidArgument`] if a
+    /// driver's address part is longer than 65,535 bytes (its length is a
+    /// `u16` in the worker address); [`Error::MemoryLimit`] (status
     /// [`Status::NoMemory`]) if the notification buffers exceed the memory
     /// limit, which is read again here ([`limits::memory_limit`]).
     pub fn build(&mut self) -> Result<Worker, Error> {
@@ -139,7 +143,7 @@ impl WorkerBuilder {
         })?);
         notify.set_waker(sq_bell.clone());
         let engine = Engine::new(config, drivers, notify.clone());
-        let address = encode_address(&engine.drivers);
+        let address = encode_address(&engine.drivers)?;
         tracing::debug!(drivers = ?engine.drivers.iter().map(|d| d.name()).collect::<Vec<_>>(), "worker built");
         Ok(Worker {
             shared: Arc::new(Shared {

@@ -235,8 +235,16 @@ impl Worker {
     /// usable straight away. If the driver needs a handshake (tcp, verbs),
     /// the endpoint is connecting until progress sees it finish; SQEs
     /// submitted meanwhile queue in order under the usual fence rules and
-    /// start when it is up, or each completes once with the handshake's
-    /// error. [`endpoint_state`](Worker::endpoint_state) tells where it is.
+    /// start when it is up. A FENCE only orders, so it is not queued: it
+    /// completes successfully when it is submitted. If the handshake
+    /// fails, the endpoint fails with its error and each queued SQE
+    /// completes once, in submission order: with that error, except a
+    /// graceful CLOSE, which succeeds and closes the endpoint (unless the
+    /// error is [`Status::PeerUnreachable`], which it then returns); a
+    /// worker FLUSH waiting on the queue fails with the error. Later SQEs
+    /// to the failed endpoint complete at once, a FENCE or CLOSE as just
+    /// said and anything else with the error.
+    /// [`endpoint_state`](Worker::endpoint_state) tells where it is.
     ///
     /// # Errors
     /// [`Error::Malformed`] ([`Status::InvalidArgument`]) for a malformed

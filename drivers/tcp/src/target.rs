@@ -82,8 +82,18 @@ pub(crate) struct Serve {
     /// The highest successful PUT/NOTIFY not yet acknowledged: (lane, seq).
     ack: Option<(u8, u64)>,
     get: Option<GetJob>,
-    /// A notification's payload, up to the pool's buffer size.
-    assembly: Vec<u8>,
+    /// Where a notification's payload is put together as its pieces come
+    /// (one receive buffer each, or less): the pool's buffer size, so that
+    /// any notification the pool can hold fits. Allocated once, when the
+    /// connection is set up, and never resized: the data path allocates
+    /// nothing. Each piece lands at its offset in the payload (`payload`);
+    /// a NOTIFY longer than this is refused when its header comes.
+    ///
+    /// It is not a notification buffer itself: one is claimed only once
+    /// the whole payload is here (`NotifyPool::deliver`), so a payload
+    /// that is cut off with the connection never holds one, and a full
+    /// pool is known at the end, where the NOTIFY is answered.
+    assembly: Box<[u8]>,
 }
 
 impl Serve {
@@ -98,7 +108,7 @@ impl Serve {
             sink: Sink::Drop(Status::InvalidArgument),
             ack: None,
             get: None,
-            assembly: Vec::with_capacity(notify_size),
+            assembly: vec![0; notify_size].into_boxed_slice(),
         }
     }
 }
@@ -234,7 +244,7 @@ impl Requests<'_> {
                 // call: the engine lock is held), memory peers may write
                 // meanwhile (copied out with the peer primitive: an aligned
                 // word is one atomic load); `dst` is `len` bytes of staging.
-                unsafe { peer_mem::copy_from_peer(dst, src as usize as *const u8, len) }
+                unsafe { peer_mem::copy_from_peer(src as usize as *const u8, dst, len) }
             });
             if !queued {
                 self.serve.get = Some(job);
@@ -402,9 +412,13 @@ impl Handler for Requests<'_> {
                 Ok(())
             }
             Opcode::Notify => {
-                self.serve.assembly.clear();
                 self.serve.sink = match self.notify {
-                    Some(pool) if h.len <= pool.buffer_size() => Sink::Assemble,
+                    Some(pool)
+                        if h.len <= pool.buffer_size()
+                            && h.len as usize <= self.serve.assembly.len() =>
+                    {
+                        Sink::Assemble
+                    }
                     Some(_) => Sink::Drop(Status::InvalidLength),
                     None => Sink::Drop(Status::Unsupported),
                 };
@@ -447,7 +461,19 @@ impl Handler for Requests<'_> {
                 // is our receive buffer.
                 unsafe { peer_mem::copy(bytes.as_ptr() as u64, addr + u64::from(at), bytes.len()) }
             }
-            Sink::Assemble => self.serve.assembly.extend_from_slice(bytes),
+            Sink::Assemble => {
+                // `at + bytes.len() <= h.len <= assembly.len()` (the
+                // reader's contract and the header's check); a piece out
+                // of range all the same fails the NOTIFY, never grows it.
+                let at = at as usize;
+                let dst = at
+                    .checked_add(bytes.len())
+                    .and_then(|end| self.serve.assembly.get_mut(at..end));
+                match dst {
+                    Some(dst) => dst.copy_from_slice(bytes),
+                    None => self.serve.sink = Sink::Drop(Status::InvalidLength),
+                }
+            }
             Sink::Drop(_) => {}
         }
         Ok(())
@@ -466,10 +492,16 @@ impl Handler for Requests<'_> {
             Opcode::Notify => {
                 let result = match (self.serve.sink, self.notify) {
                     (Sink::Assemble, Some(pool)) => {
-                        let data = &self.serve.assembly;
-                        // SAFETY: `data` is our own buffer of `h.len` bytes
-                        // (at most the pool's buffer size, checked).
-                        unsafe { pool.deliver(data.as_ptr() as u64, data.len() as u32, h.operand) }
+                        match self.serve.assembly.get(..h.len as usize) {
+                            // SAFETY: `data` is our own buffer of `h.len`
+                            // bytes (at most the pool's buffer size,
+                            // checked), every one of them written by this
+                            // NOTIFY's pieces.
+                            Some(data) => unsafe {
+                                pool.deliver(data.as_ptr() as u64, h.len, h.operand)
+                            },
+                            None => Err(Status::InvalidLength),
+                        }
                     }
                     (Sink::Drop(status), _) => Err(status),
                     _ => Err(Status::Unsupported),
@@ -478,5 +510,95 @@ impl Handler for Requests<'_> {
             }
             _ => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stream::Reader;
+
+    /// The bytes of NOTIFY `seq` of `len` bytes, tagged `seq`: a header,
+    /// then a payload that differs for each `seq`.
+    fn notify_frame(seq: u64, len: u32) -> Vec<u8> {
+        let h = Header {
+            len,
+            seq,
+            operand: seq,
+            ..Header::new(Opcode::Notify, 0)
+        };
+        let mut frame = h.encode().to_vec();
+        frame.extend((0..len).map(|i| (i as u64 ^ seq.wrapping_mul(131)) as u8));
+        frame
+    }
+
+    /// Feeds `frame` to a greeted connection's requests in pieces of
+    /// `piece` bytes (the header split too), as receive buffers smaller
+    /// than the frame would hand it over.
+    fn feed(
+        serve: &mut Serve,
+        send: &mut SendQueue,
+        pool: &NotifyPool,
+        frame: &[u8],
+        piece: usize,
+    ) {
+        let mut reader = Reader::new(1 << 20);
+        let mut requests = Requests {
+            serve,
+            send,
+            regs: &[],
+            notify: Some(pool),
+            instance: 1,
+            duplex: false,
+            hold_hello_ack: false,
+        };
+        for chunk in frame.chunks(piece) {
+            assert_eq!(reader.feed(chunk, &mut requests), Ok(chunk.len()));
+        }
+        assert!(reader.at_boundary());
+    }
+
+    /// A thousand notifications, each cut into pieces of 97 bytes (the
+    /// header too), are each assembled and delivered, and the storage
+    /// they are put together in is the same allocation of the same length
+    /// throughout: nothing on the way allocates or grows.
+    #[test]
+    fn notifications_in_pieces_are_assembled_in_storage_that_never_grows() {
+        let pool = NotifyPool::new(1000, 4096).unwrap();
+        let mut serve = Serve::new(pool.buffer_size() as usize);
+        serve.greeted = true;
+        let mut send = SendQueue::new(64 << 10, 64);
+        let storage = (serve.assembly.as_ptr(), serve.assembly.len());
+        for seq in 0..1000u64 {
+            let len = 1 + (seq as u32 * 37) % 4096;
+            feed(&mut serve, &mut send, &pool, &notify_frame(seq, len), 97);
+            assert_eq!(serve.ack, Some((0, seq)), "NOTIFY {seq} delivered");
+            assert_eq!((serve.assembly.as_ptr(), serve.assembly.len()), storage);
+        }
+        assert_eq!(send.queued(), 0, "no failure answered");
+        // The pool is full now: the next one is answered with NoResource,
+        // still without growing anything.
+        feed(&mut serve, &mut send, &pool, &notify_frame(1000, 64), 7);
+        assert_eq!(serve.ack, None, "the ACK before it went out first");
+        assert!(send.queued() > 0, "a failure answered");
+        assert_eq!((serve.assembly.as_ptr(), serve.assembly.len()), storage);
+    }
+
+    /// A NOTIFY longer than the storage set up for the connection is
+    /// refused (answered with InvalidLength), never assembled by growing
+    /// it, even where the pool's buffers would hold it.
+    #[test]
+    fn a_notification_longer_than_the_storage_is_refused_not_grown() {
+        let pool = NotifyPool::new(4, 4096).unwrap();
+        let mut serve = Serve::new(1000);
+        serve.greeted = true;
+        let mut send = SendQueue::new(64 << 10, 64);
+        let storage = (serve.assembly.as_ptr(), serve.assembly.len());
+        feed(&mut serve, &mut send, &pool, &notify_frame(0, 1000), 300);
+        assert_eq!(serve.ack, Some((0, 0)), "1000 bytes fit");
+        feed(&mut serve, &mut send, &pool, &notify_frame(1, 4000), 300);
+        assert_eq!(serve.ack, None, "4000 bytes are refused");
+        assert!(send.queued() > 0, "answered with its failure");
+        assert_eq!((serve.assembly.as_ptr(), serve.assembly.len()), storage);
     }
 }

@@ -348,6 +348,72 @@ fn notifications_arrive_after_the_data_before_them() {
     }
 }
 
+/// NOTIFYs of the largest length (64 KiB) to a target whose receive
+/// buffers are 4 KiB: each payload arrives in at least 16 pieces, is put
+/// together on the target, and reaches the application intact, round
+/// after round (each round's bytes differ).
+#[test]
+fn a_notification_split_over_many_receive_buffers_arrives_intact() {
+    const LEN: usize = 64 << 10;
+    let build = |recv: u32| {
+        Worker::builder()
+            .driver(
+                Tcp::builder()
+                    .ignore_env()
+                    .recv_buffers(64, recv)
+                    .build()
+                    .unwrap(),
+            )
+            .notify_buffers(2, LEN as u32)
+            .ignore_env()
+            .build()
+            .unwrap()
+    };
+    let target = build(4096);
+    let initiator = build(64 << 10);
+    let ep = initiator.connect(target.address()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while initiator.endpoint_state(ep).unwrap() == EndpointState::Connecting {
+        initiator.progress();
+        target.progress();
+        assert!(Instant::now() < deadline, "connect hung");
+        std::thread::yield_now();
+    }
+    let src = initiator.alloc_registered(LEN).unwrap();
+    let mut qp = initiator.create_queue().unwrap();
+    let mut tq = target.create_queue().unwrap();
+    for round in 0..20u64 {
+        let data = pattern(LEN, round);
+        src.write(0, &data);
+        let mut notify = Sqe::notify(ep.as_raw(), src.local(0), LEN as u32).with_user_data(round);
+        notify.operand = round;
+        qp.push_batch(&[notify]).unwrap();
+        qp.submit();
+        let (mut sent, mut got) = (None, None);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while sent.is_none() || got.is_none() {
+            initiator.progress();
+            target.progress();
+            if let Some(c) = qp.pop().unwrap() {
+                sent = Some(c);
+            }
+            if got.is_none() {
+                if let Some(c) = tq.pop().unwrap() {
+                    got = Some(c);
+                }
+            }
+            assert!(Instant::now() < deadline, "round {round} hung");
+            std::thread::yield_now();
+        }
+        let (sent, got) = (sent.unwrap(), got.unwrap());
+        assert!(sent.res >= 0, "round {round}: {sent:?}");
+        assert_eq!(got.user_data, round, "the tag");
+        let payload = tq.notification(&got).unwrap();
+        assert_eq!(payload.len(), LEN);
+        assert!(*payload == data[..], "round {round}: the payload differs");
+    }
+}
+
 /// Writes `a` (8 MiB, a bandwidth lane) then `b` (8 KiB, the next
 /// bandwidth lane) over the last 8 KiB of `a`'s range, with or without a
 /// strong fence between; returns whether the window ended with `b`.

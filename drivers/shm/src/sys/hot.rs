@@ -129,9 +129,9 @@ impl HotKey {
         // itself).
         unsafe {
             if put {
-                copy_to_peer(remote, local.cast_const(), op.len as usize);
+                copy_to_peer(local.cast_const(), remote, op.len as usize);
             } else {
-                copy_from_peer(local, remote.cast_const(), op.len as usize);
+                copy_from_peer(remote.cast_const(), local, op.len as usize);
             }
         }
         Some(Ok(op.len))

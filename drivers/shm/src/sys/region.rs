@@ -100,7 +100,7 @@ impl SharedRegion {
         // destination is a distinct, exclusively borrowed local buffer. The
         // bytes may change under us (another process): we copy them out
         // once and only the copy is looked at.
-        unsafe { copy_from_peer(out.as_mut_ptr(), src.cast_const(), out.len()) };
+        unsafe { copy_from_peer(src.cast_const(), out.as_mut_ptr(), out.len()) };
         true
     }
 
@@ -115,7 +115,7 @@ impl SharedRegion {
         };
         // SAFETY: the destination is inside a writable mapping (checked);
         // the source is a local slice that cannot overlap it.
-        unsafe { copy_to_peer(dst, data.as_ptr(), data.len()) };
+        unsafe { copy_to_peer(data.as_ptr(), dst, data.len()) };
         true
     }
 }

@@ -78,14 +78,14 @@ pub(crate) fn mapped(region: &SharedRegion, offset: u64, op: &Op) -> Result<u32,
             // page of it faults); the local range is readable (engine
             // contract). Both are reached through raw pointers only; the
             // copy tolerates overlap (a worker connected to itself).
-            unsafe { copy_to_peer(remote, local.cast_const(), len) };
+            unsafe { copy_to_peer(local.cast_const(), remote, len) };
         }
         OpKind::Get => {
             // SAFETY: as for PUT, in the other direction; the local range is
             // writable (engine contract). A read-only mapping is fine: the
             // primitive's loads are plain or Relaxed atomic loads of at most
             // 8 bytes.
-            unsafe { copy_from_peer(local, remote.cast_const(), len) };
+            unsafe { copy_from_peer(remote.cast_const(), local, len) };
         }
         OpKind::Atomic(aop) => {
             if op.len != 8 {
@@ -195,7 +195,7 @@ pub(crate) fn copy_payload(region: &SharedRegion, offset: u64, op: &Op) -> bool 
         // (checked), which the peer reads (and could scribble on); the
         // source is the payload's local range (engine contract), which is
         // never inside a channel. Raw pointers only.
-        unsafe { copy_to_peer(dst, op.local_addr as usize as *const u8, op.len as usize) };
+        unsafe { copy_to_peer(op.local_addr as usize as *const u8, dst, op.len as usize) };
     }
     true
 }
