@@ -354,6 +354,15 @@ pub(crate) struct EndpointCold {
     /// The groups whose driver handshake has not finished yet (bit `i`:
     /// `groups[i]`; the endpoint is `CONNECTING` while this is non-zero).
     pub pending_connects: u8,
+    /// The largest NOTIFY payload the peer takes (the smallest of its
+    /// groups' [`PeerLimits`](crate::driver::PeerLimits), learnt as each
+    /// connection came up; `u32::MAX` while none said).
+    pub peer_notify_len: u32,
+    /// On an endpoint with lanes on several drivers: the atomic domain of
+    /// its atomic lane group (the last group whose driver executes
+    /// atomics), the only one its ATOMICs may use; `None` if no group's
+    /// does.
+    pub atomic_domain: Option<crate::driver::AtomicDomain>,
     /// Which connect attempt made this endpoint: its handshakes' tokens
     /// carry it (an attempt refused at once gives its endpoint index to
     /// the next one).
@@ -402,6 +411,8 @@ impl EndpointCold {
             groups,
             pending_connects,
             connect_attempt,
+            peer_notify_len: u32::MAX,
+            atomic_domain: None,
             fence_parts: FlushParts::default(),
             dirty_generation: vec![0; lanes as usize],
             flush_generation: vec![0; lanes as usize],

@@ -36,8 +36,8 @@
 use crate::DriverMemory;
 use crate::driver::{
     Capabilities, Completion, Connect, DirectPath, Driver, DriverContext, DriverEp, DriverError,
-    DriverMemKey, DriverRkey, LaneMask, MAX_LANES, MemDesc, Op, OpKind, Posted, Quiesce, Sleep,
-    Token,
+    DriverMemKey, DriverRkey, LaneMask, MAX_LANES, MemDesc, Op, OpKind, PeerLimits, Posted,
+    Quiesce, Sleep, Token,
 };
 use crate::memory::MemKind;
 use ringfence_ring::Status;
@@ -916,6 +916,10 @@ impl<D: Driver> Driver for FaultInjector<D> {
 
     fn lane_generation(&self, ep: DriverEp, lane: u8) -> u32 {
         self.program().generation(ep, lane)
+    }
+
+    fn peer_limits(&self, ep: DriverEp) -> Option<PeerLimits> {
+        self.inner.peer_limits(ep)
     }
 }
 

@@ -118,9 +118,9 @@ mod worker;
 pub use checksum::reseal;
 pub use config::Config;
 pub use driver::{
-    Capabilities, Completion, Connect, DirectPath, Driver, DriverContext, DriverEp, DriverError,
-    DriverMemKey, DriverMemory, DriverRkey, LaneMask, MAX_LANES, MemDesc, Op, OpKind, Posted,
-    Quiesce, Sleep, Token, drain_completions, execute_by_post,
+    AtomicDomain, AtomicOps, Capabilities, Completion, Connect, DirectPath, Driver, DriverContext,
+    DriverEp, DriverError, DriverMemKey, DriverMemory, DriverRkey, LaneMask, MAX_LANES, MemDesc,
+    Op, OpKind, PeerLimits, Posted, Quiesce, Sleep, Token, drain_completions, execute_by_post,
 };
 pub use endpoint::{EndpointId, EndpointState, FenceState};
 pub use error::Error;
@@ -135,7 +135,7 @@ pub use sim::{SimDriver, SimEvent, SimHandle, SimStats, SimTiming};
 pub use stats::Stats;
 pub use sys::notify::{Delivery, MAX_NOTIFY_BUFFERS, NotifyPool};
 #[cfg(feature = "testkit")]
-pub use testkit::LoopbackTarget;
+pub use testkit::{LoopbackTarget, run_sqes};
 pub use worker::{Notification, QueuePair, RegisteredBuf, Worker, WorkerBuilder};
 
 /// Copies and atomics on memory a peer may write concurrently: registered

@@ -20,7 +20,8 @@
 use crate::NotifyPool;
 use crate::driver::{
     Capabilities, Completion, Connect, DirectPath, Driver, DriverContext, DriverEp, DriverError,
-    DriverMemKey, DriverRkey, LaneMask, MemDesc, Op, OpKind, Posted, Token, execute_by_post,
+    DriverMemKey, DriverRkey, LaneMask, MemDesc, Op, OpKind, PeerLimits, Posted, Token,
+    execute_by_post,
 };
 use crate::memory::{MemKind, within};
 use crate::sys::{mem, peer};
@@ -133,6 +134,8 @@ struct RemoteKey {
 pub struct Loopback {
     name: &'static str,
     mem_kinds: &'static [MemKind],
+    /// Edits the capabilities it claims ([`Loopback::with_capabilities`]).
+    edit_capabilities: fn(Capabilities) -> Capabilities,
     mode: CompletionMode,
     node: Arc<Node>,
     conns: Vec<Option<Conn>>,
@@ -165,6 +168,7 @@ impl Loopback {
         Loopback {
             name: "loopback",
             mem_kinds: &[MemKind::Host],
+            edit_capabilities: |caps| caps,
             mode,
             node,
             conns: Vec::new(),
@@ -190,6 +194,15 @@ impl Loopback {
     /// since this driver copies with the CPU.
     pub fn with_mem_kinds(mut self, kinds: &'static [MemKind]) -> Loopback {
         self.mem_kinds = kinds;
+        self
+    }
+
+    /// Claims the capabilities `edit` makes of its own, for tests that
+    /// stand in for a driver with fewer (no SWAP, NIC atomics, a smaller
+    /// largest message, NOTIFY not ordered behind writes): the engine must
+    /// keep to what the driver claims, whatever this one could do.
+    pub fn with_capabilities(mut self, edit: fn(Capabilities) -> Capabilities) -> Loopback {
+        self.edit_capabilities = edit;
         self
     }
 
@@ -297,7 +310,7 @@ impl Driver for Loopback {
     fn capabilities(&self) -> Capabilities {
         let mut caps = Capabilities::host_rma(crate::driver::MAX_LANES, 1 << 30);
         caps.mem_kinds = self.mem_kinds;
-        caps
+        (self.edit_capabilities)(caps)
     }
 
     fn attach(&mut self, ctx: DriverContext) {
@@ -466,6 +479,14 @@ impl Driver for Loopback {
             seq: conn.next_seq - 1,
         });
         Posted::InFlight
+    }
+
+    /// The peer's notification buffers (a NOTIFY longer would fail with
+    /// `Truncated` when delivered).
+    fn peer_limits(&self, ep: DriverEp) -> Option<PeerLimits> {
+        let conn = self.conns.get(ep.0 as usize)?.as_ref()?;
+        let pool = conn.peer.notify.get()?;
+        Some(PeerLimits::new(pool.buffer_size()))
     }
 
     fn check_alive(&mut self, ep: DriverEp) -> Result<(), Status> {

@@ -84,7 +84,7 @@
 use crate::DriverMemory;
 use crate::driver::{
     Capabilities, Completion, Connect, DirectPath, Driver, DriverContext, DriverEp, DriverError,
-    DriverMemKey, DriverRkey, LaneMask, MemDesc, Op, Posted, Quiesce, Sleep, Token,
+    DriverMemKey, DriverRkey, LaneMask, MemDesc, Op, PeerLimits, Posted, Quiesce, Sleep, Token,
 };
 use crate::fault::Executed;
 use crate::memory::MemKind;
@@ -1366,6 +1366,10 @@ impl<D: Driver> Driver for SimDriver<D> {
 
     fn lane_generation(&self, ep: DriverEp, lane: u8) -> u32 {
         self.inner.lane_generation(ep, lane)
+    }
+
+    fn peer_limits(&self, ep: DriverEp) -> Option<PeerLimits> {
+        self.inner.peer_limits(ep)
     }
 }
 

@@ -20,8 +20,11 @@ pub struct Stats {
     /// Driver flushes started by strong fences (FENCE.md R9): one flush of
     /// the dirty lanes per boundary.
     pub fence_flushes: u64,
-    /// Driver flushes started by the implicit strong fence before a
-    /// NOTIFY.
+    /// Driver flushes started by the implicit fence before a NOTIFY: a
+    /// strong one, or, on a driver that delivers a NOTIFY after the writes
+    /// before it on its lane (`Capabilities::notify_ordered`), a weak one
+    /// behind writes on other lanes (behind its own lane alone it is a
+    /// fence flag, counted in `weak_fences`).
     pub notify_flushes: u64,
     /// Driver flushes started by FLUSH SQEs and graceful CLOSEs (R21, R41).
     pub user_flushes: u64,

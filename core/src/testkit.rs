@@ -1,6 +1,49 @@
 //! Setups the engine's tests share (with the `testkit` feature).
 
-use crate::{EndpointId, Loopback, RegisteredBuf, RkeyId, Worker};
+use crate::{EndpointId, Loopback, QueuePair, RegisteredBuf, RkeyId, Worker};
+use ringfence_ring::{Cqe, Sqe};
+use std::time::{Duration, Instant};
+
+/// How long `run_sqes` waits before calling the run hung: a guard against
+/// hangs only, never a timing assertion.
+const HANG: Duration = Duration::from_secs(120);
+
+/// Submits `sqes` on `qp`, runs `worker`'s progress until `expect` CQEs
+/// came, checks that no more come (exactly once), and returns them in
+/// completion order.
+///
+/// # Panics
+/// If the queue fails, if the CQEs do not come within two minutes, or if one
+/// more comes.
+pub fn run_sqes(worker: &Worker, qp: &mut QueuePair, sqes: &[Sqe], expect: usize) -> Vec<Cqe> {
+    let deadline = Instant::now() + HANG;
+    let mut pushed = 0;
+    let mut out = Vec::new();
+    while out.len() < expect {
+        if pushed < sqes.len() {
+            pushed += qp.push_batch(&sqes[pushed..]).expect("push");
+            qp.submit();
+        }
+        worker.progress();
+        while let Some(cqe) = qp.pop().expect("pop") {
+            out.push(cqe);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "hung at {} of {expect} CQEs",
+            out.len()
+        );
+    }
+    for _ in 0..10 {
+        worker.progress();
+    }
+    assert_eq!(
+        qp.pop().expect("pop"),
+        None,
+        "a CQE beyond the expected count"
+    );
+    out
+}
 
 /// A loopback target worker exposing a registered window, connected from an
 /// initiator whose endpoint and unpacked key of the window are at hand.

@@ -72,6 +72,7 @@ fn every_wrapper_driver_defines_every_driver_method() {
         "alloc_memory",
         "lane_ordered",
         "lane_generation",
+        "peer_limits",
     ] {
         assert!(
             methods.iter().any(|m| m == expected),

@@ -97,12 +97,22 @@ pub struct Capabilities {
     /// Operations posted on one lane take effect at the target in posting
     /// order (RC QP, TCP stream, shm FIFO, one CUDA stream).
     pub ordered_lanes: bool,
-    /// The driver executes ATOMIC operations.
-    pub atomics: bool,
+    /// The ATOMIC operations the driver executes (verbs has no SWAP).
+    pub atomic_ops: AtomicOps,
+    /// What executes them, and so which other atomics on the same word
+    /// they are atomic with ([`AtomicDomain`]).
+    pub atomic_domain: AtomicDomain,
     /// The driver executes GET.
     pub get: bool,
     /// The driver delivers NOTIFY payloads.
     pub notify: bool,
+    /// A NOTIFY posted on a lane is delivered after every write posted
+    /// before it on that lane has taken effect (an RC QP's write with
+    /// immediate after writes, a TCP stream, a CUDA stream): the engine
+    /// then orders a NOTIFY by the weak path when its own lane is the only
+    /// dirty one (a transport fence flag, no flush), and by a flush
+    /// otherwise (FENCE.md R8, R9).
+    pub notify_ordered: bool,
     /// Memory kinds it can register.
     pub mem_kinds: &'static [MemKind],
     /// Most lanes per endpoint, `1..=64`.
@@ -118,23 +128,28 @@ impl Capabilities {
     pub const fn new(max_lanes: u8, max_len: u32) -> Self {
         Capabilities {
             ordered_lanes: false,
-            atomics: false,
+            atomic_ops: AtomicOps::NONE,
+            atomic_domain: AtomicDomain::Host,
             get: false,
             notify: false,
+            notify_ordered: false,
             mem_kinds: &[],
             max_lanes,
             max_len,
         }
     }
 
-    /// Every operation (GET, atomics, NOTIFY) on ordered lanes over host
-    /// memory: what a complete host transport claims.
+    /// Every operation (GET, every atomic, NOTIFY ordered after the writes
+    /// before it on its lane) on ordered lanes over host memory, atomics
+    /// executed by a CPU: what a complete host transport claims.
     pub const fn host_rma(max_lanes: u8, max_len: u32) -> Self {
         Capabilities {
             ordered_lanes: true,
-            atomics: true,
+            atomic_ops: AtomicOps::ALL,
+            atomic_domain: AtomicDomain::Host,
             get: true,
             notify: true,
+            notify_ordered: true,
             mem_kinds: &[MemKind::Host],
             max_lanes,
             max_len,
@@ -156,6 +171,83 @@ impl Capabilities {
     /// Whether memory of `kind` can be registered.
     pub fn supports_mem_kind(&self, kind: MemKind) -> bool {
         self.mem_kinds.contains(&kind)
+    }
+}
+
+/// A set of [`AtomicOp`]s: the atomics a driver executes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AtomicOps(u8);
+
+impl AtomicOps {
+    /// No atomic.
+    pub const NONE: AtomicOps = AtomicOps(0);
+    /// ADD, FADD, SWAP and CSWAP.
+    pub const ALL: AtomicOps = AtomicOps(0b1111);
+
+    /// This set with `op` added.
+    pub const fn with(self, op: AtomicOp) -> AtomicOps {
+        AtomicOps(self.0 | 1 << (op.as_raw() & 7))
+    }
+
+    /// This set without `op`.
+    pub const fn without(self, op: AtomicOp) -> AtomicOps {
+        AtomicOps(self.0 & !(1 << (op.as_raw() & 7)))
+    }
+
+    /// Whether `op` is in the set.
+    pub const fn contains(self, op: AtomicOp) -> bool {
+        self.0 & 1 << (op.as_raw() & 7) != 0
+    }
+
+    /// Whether the set is empty (the driver executes no ATOMIC).
+    pub const fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+}
+
+/// What executes a driver's atomics, which decides what they are atomic
+/// with. Two atomics on one word are atomic with each other only if the
+/// same kind of agent executes both:
+///
+/// - [`Host`](AtomicDomain::Host): a CPU's locked instructions on host
+///   memory (loopback, shm, and the tcp target, which executes them in its
+///   progress). Coherent with each other across host drivers, and with
+///   the application's own CPU atomics on that word.
+/// - [`Nic`](AtomicDomain::Nic): an RDMA NIC. Atomic with other NIC
+///   atomics through the same device only; not with CPU atomics on the
+///   same word, nor with another driver's.
+/// - [`Device`](AtomicDomain::Device): a GPU kernel on device memory.
+///   Atomic with the device's own atomics only.
+///
+/// On an endpoint with lanes on several drivers, every ATOMIC goes to the
+/// atomic lane group (the last group whose driver executes atomics) or to
+/// another group of the same domain; one that only a driver of another
+/// domain could run fails with [`Status::Unsupported`] instead, so that
+/// atomics on one word never mix domains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum AtomicDomain {
+    /// A CPU.
+    Host,
+    /// An RDMA NIC.
+    Nic,
+    /// A GPU.
+    Device,
+}
+
+/// What the peer of one connection accepts, learnt at connect
+/// ([`Driver::peer_limits`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PeerLimits {
+    /// The largest NOTIFY payload the peer's notification buffers hold.
+    pub max_notify_len: u32,
+}
+
+impl PeerLimits {
+    /// A peer that takes NOTIFY payloads of up to `max_notify_len` bytes.
+    pub const fn new(max_notify_len: u32) -> PeerLimits {
+        PeerLimits { max_notify_len }
     }
 }
 
@@ -594,6 +686,17 @@ pub trait Driver: Send + fmt::Debug + 'static {
         kind: MemKind,
     ) -> Option<Result<Arc<dyn DriverMemory>, DriverError>> {
         let _ = (len, kind);
+        None
+    }
+
+    /// What the peer of `ep` accepts, once the connection is up (its
+    /// handshake, or the peer's address, said so): the engine refuses a
+    /// NOTIFY longer than the peer's buffers hold at submission, with
+    /// [`Status::InvalidLength`], instead of sending it. `None` (the
+    /// default): no limit beyond [`Capabilities::max_len`] and the
+    /// engine's own. Control path.
+    fn peer_limits(&self, ep: DriverEp) -> Option<PeerLimits> {
+        let _ = ep;
         None
     }
 

@@ -2,6 +2,7 @@
 //! queues what is submitted meanwhile and starts it once the endpoint is up.
 
 use super::*;
+use crate::driver::DriverEp;
 
 impl Engine {
     /// Starts connecting to one peer over `groups`, each `(driver index,
@@ -61,7 +62,21 @@ impl Engine {
         let mut ep = Endpoint::new(started[0].driver, started[0].driver_ep, first);
         ep.set(CONNECTING, pending > 0);
         ep.set(MIXED, started.len() > 1);
-        Ok(self.add_endpoint(ep, EndpointCold::new(started, pending, attempt)))
+        let mut cold = EndpointCold::new(started, pending, attempt);
+        cold.atomic_domain = cold
+            .groups
+            .iter()
+            .rev()
+            .map(|g| &self.capabilities[g.driver as usize])
+            .find(|caps| !caps.atomic_ops.is_empty())
+            .map(|caps| caps.atomic_domain);
+        let e = self.add_endpoint(ep, cold);
+        for g in 0..self.cold[e as usize].groups.len() {
+            if pending & 1 << g == 0 {
+                self.learn_peer_limits(e as usize, g);
+            }
+        }
+        Ok(e)
     }
 
     /// The handshake that driver `d` ran for attempt `attempt` of endpoint
@@ -110,10 +125,24 @@ impl Engine {
             return self.fail_endpoint(e, status);
         }
         cold.pending_connects &= !bit;
+        let group = bit.trailing_zeros() as usize;
+        self.learn_peer_limits(e, group);
+        let cold = &mut self.cold[e];
         if cold.pending_connects == 0 {
             self.endpoints[e].set(CONNECTING, false);
             tracing::debug!(endpoint = e, "connected");
             self.schedule(e);
+        }
+    }
+
+    /// Group `g` of endpoint `e` is up: what its driver learnt of the peer
+    /// narrows what the endpoint sends ([`Driver::peer_limits`]).
+    fn learn_peer_limits(&mut self, e: usize, g: usize) {
+        let group = self.cold[e].groups[g];
+        let limits = self.drivers[group.driver as usize].peer_limits(DriverEp(group.driver_ep));
+        if let Some(limits) = limits {
+            let cold = &mut self.cold[e];
+            cold.peer_notify_len = cold.peer_notify_len.min(limits.max_notify_len);
         }
     }
 

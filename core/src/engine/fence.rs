@@ -29,10 +29,17 @@ impl Engine {
         }
         let ep = &mut self.endpoints[e];
         if opcode == Opcode::NOTIFY {
-            // An implicit strong fence: delivered after everything earlier
-            // is remotely complete (DESIGN.md, Notifications).
+            // An implicit fence: delivered after everything earlier is
+            // remotely complete (DESIGN.md, Notifications). Strong, unless
+            // the endpoint's one driver delivers a NOTIFY after the writes
+            // before it on its lane (`notify_ordered`): then the boundary
+            // takes the weak path when the NOTIFY's lane is the only dirty
+            // one (R8), and a flush otherwise (R9).
             ep.submit_epoch += 1;
-            ep.set(STRONG_ARMED, true);
+            let ordered = !ep.has(MIXED) && self.capabilities[ep.driver as usize].notify_ordered;
+            if !ordered {
+                ep.set(STRONG_ARMED, true);
+            }
         }
         let strong = ep.has(STRONG_ARMED);
         ep.set(STRONG_ARMED, false);

@@ -163,7 +163,7 @@ impl Engine {
             }
             Opcode::ATOMIC => {
                 let op = sqe.atomic_op().map_err(|e| e.status())?;
-                if !caps.atomics && !mixed {
+                if !caps.atomic_ops.contains(op) && !mixed {
                     return Err(Status::Unsupported);
                 }
                 if sqe.len != 8 {
@@ -198,7 +198,15 @@ impl Engine {
                 if !caps.notify && !mixed {
                     return Err(Status::Unsupported);
                 }
-                if sqe.len > MAX_NOTIFY_LEN {
+                // The engine's limit, the peer's buffers (learnt at
+                // connect) and, on one driver, that driver's largest
+                // message (a mixed endpoint checks its groups' in
+                // `mixed_lane`).
+                let driver_max = if mixed { u32::MAX } else { caps.max_len };
+                let max = MAX_NOTIFY_LEN
+                    .min(self.cold[ep_index].peer_notify_len)
+                    .min(driver_max);
+                if sqe.len > max {
                     return Err(Status::InvalidLength);
                 }
                 if sqe.len > 0 {

@@ -299,7 +299,10 @@ mod tests {
     /// `InvalidArgument`, never cut to its low 16 bits (70,000 would have
     /// been encoded as 4,464). The worker builder reports the same error.
     #[test]
-    #[cfg_attr(miri, ignore = "safe encoding only, and 70,000-byte parts are too slow interpreted")]
+    #[cfg_attr(
+        miri,
+        ignore = "safe encoding only, and 70,000-byte parts are too slow interpreted"
+    )]
     fn an_address_part_longer_than_the_format_holds_is_refused() {
         let base = Loopback::new().address().len();
         let a = encode_address(&Wide::boxed(Loopback::new(), MAX_PART_LEN - base)).unwrap();

@@ -26,7 +26,7 @@ use nix::unistd::Pid;
 use ringfence::{
     Capabilities, Completion, Connect, DirectPath, Driver, DriverContext, DriverEp, DriverError,
     DriverMemKey, DriverMemory, DriverRkey, LaneMask, MemDesc, MemKind, NotifyPool, Op, OpKind,
-    Posted, Quiesce, Sleep, Token,
+    PeerLimits, Posted, Quiesce, Sleep, Token,
 };
 use ringfence_ring::Status;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -1017,6 +1017,12 @@ impl Driver for Shm {
             conn.liveness.dead.store(true, Ordering::Release);
             Posted::Done(Err(Status::PeerUnreachable))
         }
+    }
+
+    /// The peer's notification slots, from its handshake.
+    fn peer_limits(&self, ep: DriverEp) -> Option<PeerLimits> {
+        let conn = self.conns.get(ep.0 as usize)?.as_ref()?;
+        Some(PeerLimits::new(conn.peer_notify_size))
     }
 
     fn check_alive(&mut self, ep: DriverEp) -> Result<(), Status> {

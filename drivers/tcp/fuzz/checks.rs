@@ -106,7 +106,7 @@ fn u64_at(b: &[u8; HEADER_LEN], at: usize) -> u64 {
 /// refusal, in the documented order (version, opcode, lane, then the
 /// opcode's length, then its unused fields).
 fn model(b: &[u8; HEADER_LEN], max_len: u32) -> Result<(), Refusal> {
-    if b[0] != 2 {
+    if b[0] != 3 {
         return Err(Refusal::Version);
     }
     let opcode = b[1];
@@ -139,7 +139,16 @@ fn model(b: &[u8; HEADER_LEN], max_len: u32) -> Result<(), Refusal> {
     }
     let fields_ok = match opcode {
         1 => key == 0 && status == 0 && secret == 0 && operand2 == 0,
-        2 | 9 => arg == 0 && key == 0 && secret == 0 && addr == 0 && operand2 == 0 && status <= 0,
+        // HELLO_ACK: `addr` is the target's NOTIFY limit, 32 bits.
+        2 => {
+            arg == 0
+                && key == 0
+                && secret == 0
+                && addr <= u64::from(u32::MAX)
+                && operand2 == 0
+                && status <= 0
+        }
+        9 => arg == 0 && key == 0 && secret == 0 && addr == 0 && operand2 == 0 && status <= 0,
         3 | 4 => arg == 0 && status == 0 && operand == 0 && operand2 == 0,
         // An unknown sub-operation passes: the target answers it.
         5 => status == 0 && (operand2 == 0 || arg == CSWAP || arg >= ATOMIC_OPS),
@@ -531,6 +540,7 @@ pub fn every_opcode() -> Vec<(&'static str, Header, Vec<u8>)> {
             "hello_ack",
             Header {
                 operand: 0x9abc_def0,
+                addr: 4096,
                 ..Header::new(Opcode::HelloAck, 1)
             },
             Vec::new(),

@@ -15,8 +15,8 @@ use nix::sys::socket::{
 };
 use ringfence::{
     Capabilities, Completion, Connect, Driver, DriverContext, DriverEp, DriverError, DriverMemKey,
-    DriverRkey, LaneMask, MemDesc, MemKind, NotifyPool, Op, OpKind, Posted, Quiesce, Sleep, Token,
-    peer_mem,
+    DriverRkey, LaneMask, MemDesc, MemKind, NotifyPool, Op, OpKind, PeerLimits, Posted, Quiesce,
+    Sleep, Token, peer_mem,
 };
 use ringfence_ring::{AtomicOp, Status};
 use std::collections::VecDeque;
@@ -1957,5 +1957,18 @@ impl Driver for Tcp {
 
     fn lane_ordered(&self, _ep: DriverEp, _lane: u8) -> bool {
         true
+    }
+
+    /// The target's NOTIFY storage, from the HELLO_ACKs of the endpoint's
+    /// lanes (one target: every lane's says the same).
+    fn peer_limits(&self, ep: DriverEp) -> Option<PeerLimits> {
+        let endpoint = self.eps.get(ep.0 as usize)?.as_ref()?;
+        let len = endpoint
+            .lanes
+            .iter()
+            .filter(|l| l.up)
+            .map(|l| l.peer_notify_len)
+            .min()?;
+        Some(PeerLimits::new(len))
     }
 }

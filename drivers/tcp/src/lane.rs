@@ -48,6 +48,8 @@ pub(crate) struct Lane {
     pub(crate) answered: usize,
     /// The HELLO_ACK came.
     pub(crate) up: bool,
+    /// The longest NOTIFY payload the target accepts (its HELLO_ACK said).
+    pub(crate) peer_notify_len: u32,
     /// Flushes waiting on this lane: (flush slot, sequence number of the
     /// last request they cover).
     pub(crate) marks: VecDeque<(u32, u64)>,
@@ -72,6 +74,7 @@ impl Lane {
             pending: VecDeque::with_capacity(depth),
             answered: 0,
             up: false,
+            peer_notify_len: 0,
             marks: VecDeque::with_capacity(depth.min(64)),
             limit: depth,
             duplex: false,
@@ -197,6 +200,8 @@ impl Handler for Answers<'_> {
                 *self.refused = Some(Status::PeerUnreachable);
             } else {
                 self.lane.up = true;
+                // Checked to fit 32 bits by the frame's decoding.
+                self.lane.peer_notify_len = u32::try_from(h.addr).unwrap_or(u32::MAX);
                 *self.progressed = true;
             }
             return Ok(());

@@ -376,6 +376,8 @@ impl Handler for Requests<'_> {
             let ack = Header {
                 status,
                 operand: self.instance,
+                // What `notify` refuses beyond (`Serve::new`).
+                addr: self.serve.assembly.len() as u64,
                 ..Header::new(Opcode::HelloAck, h.lane)
             };
             if status == 0 && self.hold_hello_ack {

@@ -81,7 +81,7 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 /// The protocol version this build speaks.
-pub const VERSION: u8 = 2;
+pub const VERSION: u8 = 3;
 /// Bytes in a frame header.
 pub const HEADER_LEN: usize = 56;
 /// `arg` of the last GET_DATA frame of a response.
@@ -98,7 +98,9 @@ pub enum Opcode {
     /// the initiator's instance, `addr` = its connection group, `operand`
     /// = the instance of the worker it means to reach.
     Hello = 1,
-    /// The answer to HELLO: `status`, `operand` = the target's instance.
+    /// The answer to HELLO: `status`, `operand` = the target's instance,
+    /// `addr` = the longest NOTIFY payload it accepts (version 3), so the
+    /// initiator refuses a longer one at submission instead of sending it.
     HelloAck = 2,
     /// Write the payload at `addr`.
     Put = 3,
@@ -352,7 +354,8 @@ impl Header {
                 zero("arg", u64::from(self.arg))?;
                 zero("key", u64::from(self.key))?;
                 zero("secret", self.secret)?;
-                zero("addr", self.addr)?;
+                // A NOTIFY length: 32 bits.
+                zero("addr", self.addr >> 32)?;
                 zero("operand2", self.operand2)?;
                 self.status_not_positive()
             }
@@ -628,6 +631,11 @@ mod tests {
                 status: Status::AccessDenied.as_raw(),
                 ..Header::new(Opcode::HelloAck, 3)
             },
+            Header {
+                operand: 5,
+                addr: u64::from(u32::MAX),
+                ..Header::new(Opcode::HelloAck, 3)
+            },
             put(),
             Header {
                 opcode: Opcode::Get,
@@ -763,7 +771,7 @@ mod tests {
         // Byte offsets of fields each opcode leaves unused.
         let unused: [(Opcode, &[usize]); 10] = [
             (Opcode::Hello, &[16, 20, 24, 48]),
-            (Opcode::HelloAck, &[3, 16, 24, 32, 48]),
+            (Opcode::HelloAck, &[3, 16, 24, 36, 48]),
             (Opcode::Put, &[3, 20, 40, 48]),
             (Opcode::Get, &[3, 20, 40, 48]),
             (Opcode::Atomic, &[20, 48]),

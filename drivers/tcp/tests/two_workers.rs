@@ -918,3 +918,80 @@ fn every_damaged_key_and_address_is_refused_at_unpack_and_connect() {
     p.window.read(0, &mut out);
     assert_eq!(&out, b"intact!!");
 }
+
+/// An 8-byte PUT and then a NOTIFY, both on lane 0: the tcp stream
+/// delivers the NOTIFY after the PUT (`notify_ordered`), so the boundary
+/// is a weak fence, no flush (FENCE.md R8), and the data is there when
+/// the notification is seen.
+#[test]
+fn a_notification_behind_a_put_on_its_lane_needs_no_flush() {
+    let p = pair(4096, 4);
+    let src = p.initiator.alloc_registered(4096).unwrap();
+    let mut qp = p.initiator.create_queue().unwrap();
+    let mut tq = p.target.create_queue().unwrap();
+    let ep = p.ep.as_raw();
+    let remote = RemoteBuf {
+        rkey: p.rkey.as_raw(),
+        addr: p.window.addr(),
+    };
+    for round in 1..=10u64 {
+        src.store_u64(0, round);
+        let sqes = [
+            Sqe::put(ep, src.local(0), remote, 8).with_user_data(1),
+            Sqe::notify(ep, src.local(0), 8).with_user_data(2),
+        ];
+        let cqes = run(&p.initiator, &p.target, &mut qp, &sqes, 2);
+        assert!(cqes.iter().all(|c| c.res >= 0), "{cqes:?}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let cqe = loop {
+            p.target.progress();
+            if let Some(c) = tq.pop().unwrap() {
+                break c;
+            }
+            assert!(Instant::now() < deadline, "no notification");
+            std::thread::yield_now();
+        };
+        assert_eq!(p.window.load_u64(0), round, "the PUT landed first");
+        let payload = tq.notification(&cqe).unwrap();
+        assert_eq!(*payload, round.to_le_bytes());
+    }
+    let stats = p.initiator.stats();
+    assert_eq!(stats.notify_flushes, 0, "{stats:?}");
+    assert_eq!(stats.weak_fences, 10, "{stats:?}");
+}
+
+/// The target's notification buffers hold 256 bytes and its HELLO_ACK
+/// says so: a NOTIFY of 257 bytes fails with `InvalidLength` at
+/// submission, with only the initiator progressing (it is never sent to
+/// be refused by the target); one of 256 is delivered.
+#[test]
+fn a_notification_longer_than_the_target_takes_fails_at_submission() {
+    let p = pair(4096, 1);
+    let src = p.initiator.alloc_registered(4096).unwrap();
+    let mut qp = p.initiator.create_queue().unwrap();
+    let ep = p.ep.as_raw();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let cqes = run_with(
+        &mut qp,
+        &[Sqe::notify(ep, src.local(0), 257)],
+        1,
+        deadline,
+        || {
+            p.initiator.progress();
+        },
+    );
+    assert_eq!(
+        cqes[0].res,
+        ringfence::Status::InvalidLength.as_raw(),
+        "{}",
+        ringfence_ring::strerror(cqes[0].res)
+    );
+    let cqes = run(
+        &p.initiator,
+        &p.target,
+        &mut qp,
+        &[Sqe::notify(ep, src.local(0), 256)],
+        1,
+    );
+    assert!(cqes[0].res >= 0, "{cqes:?}");
+}
