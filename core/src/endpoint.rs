@@ -354,10 +354,12 @@ pub(crate) struct EndpointCold {
     /// The groups whose driver handshake has not finished yet (bit `i`:
     /// `groups[i]`; the endpoint is `CONNECTING` while this is non-zero).
     pub pending_connects: u8,
-    /// The largest NOTIFY payload the peer takes (the smallest of its
-    /// groups' [`PeerLimits`](crate::driver::PeerLimits), learnt as each
-    /// connection came up; `u32::MAX` while none said).
-    pub peer_notify_len: u32,
+    /// The longest NOTIFY payload the endpoint sends: the engine's limit,
+    /// on one driver that driver's largest message (a mixed endpoint
+    /// checks its groups' in `mixed_lane`), and the smallest of the peer's
+    /// [`PeerLimits`](crate::driver::PeerLimits), narrowed as each
+    /// connection comes up.
+    pub notify_max: u32,
     /// On an endpoint with lanes on several drivers: the atomic domain of
     /// its atomic lane group (the last group whose driver executes
     /// atomics), the only one its ATOMICs may use; `None` if no group's
@@ -411,7 +413,7 @@ impl EndpointCold {
             groups,
             pending_connects,
             connect_attempt,
-            peer_notify_len: u32::MAX,
+            notify_max: u32::MAX,
             atomic_domain: None,
             fence_parts: FlushParts::default(),
             dirty_generation: vec![0; lanes as usize],

@@ -5,42 +5,12 @@
 
 use ringfence::{
     CompletionMode, Error, FaultHandle, FaultInjector, Loopback, MemKind, OpKind, QueuePair,
-    RegisteredBuf, RkeyId, Timing, Worker,
+    RegisteredBuf, RkeyId, Timing, Worker, run_sqes as run,
 };
 use ringfence_ring::{Cqe, FenceMode, RemoteBuf, Sqe, Status};
-use std::time::{Duration, Instant};
 
-const HANG: Duration = Duration::from_secs(30);
 /// PUTs from this size take bandwidth lanes.
 const BIG: u32 = 1024;
-
-/// Submits `sqes`, runs progress until `expect` CQEs came, checks that no
-/// more come, and returns them in completion order.
-fn run(worker: &Worker, qp: &mut QueuePair, sqes: &[Sqe], expect: usize) -> Vec<Cqe> {
-    let deadline = Instant::now() + HANG;
-    let mut pushed = 0;
-    let mut out = Vec::new();
-    while out.len() < expect {
-        if pushed < sqes.len() {
-            pushed += qp.push_batch(&sqes[pushed..]).unwrap();
-            qp.submit();
-        }
-        worker.progress();
-        while let Some(cqe) = qp.pop().unwrap() {
-            out.push(cqe);
-        }
-        assert!(
-            Instant::now() < deadline,
-            "hung at {} of {expect} CQEs",
-            out.len()
-        );
-    }
-    for _ in 0..10 {
-        worker.progress();
-    }
-    assert_eq!(qp.pop().unwrap(), None, "a CQE beyond the expected count");
-    out
-}
 
 /// An initiator with drivers "lb-a" (2 lanes, synchronous) and "lb-b" (4
 /// lanes, completing at the next poll; it also registers memory it is told

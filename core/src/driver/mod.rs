@@ -182,7 +182,11 @@ impl AtomicOps {
     /// No atomic.
     pub const NONE: AtomicOps = AtomicOps(0);
     /// ADD, FADD, SWAP and CSWAP.
-    pub const ALL: AtomicOps = AtomicOps(0b1111);
+    pub const ALL: AtomicOps = AtomicOps::NONE
+        .with(AtomicOp::ADD)
+        .with(AtomicOp::FADD)
+        .with(AtomicOp::SWAP)
+        .with(AtomicOp::CSWAP);
 
     /// This set with `op` added.
     pub const fn with(self, op: AtomicOp) -> AtomicOps {

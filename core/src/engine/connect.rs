@@ -70,6 +70,10 @@ impl Engine {
             .map(|g| &self.capabilities[g.driver as usize])
             .find(|caps| !caps.atomic_ops.is_empty())
             .map(|caps| caps.atomic_domain);
+        cold.notify_max = match cold.groups[..] {
+            [one] => MAX_NOTIFY_LEN.min(self.capabilities[one.driver as usize].max_len),
+            _ => MAX_NOTIFY_LEN,
+        };
         let e = self.add_endpoint(ep, cold);
         for g in 0..self.cold[e as usize].groups.len() {
             if pending & 1 << g == 0 {
@@ -142,7 +146,7 @@ impl Engine {
         let limits = self.drivers[group.driver as usize].peer_limits(DriverEp(group.driver_ep));
         if let Some(limits) = limits {
             let cold = &mut self.cold[e];
-            cold.peer_notify_len = cold.peer_notify_len.min(limits.max_notify_len);
+            cold.notify_max = cold.notify_max.min(limits.max_notify_len);
         }
     }
 

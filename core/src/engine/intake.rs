@@ -198,15 +198,7 @@ impl Engine {
                 if !caps.notify && !mixed {
                     return Err(Status::Unsupported);
                 }
-                // The engine's limit, the peer's buffers (learnt at
-                // connect) and, on one driver, that driver's largest
-                // message (a mixed endpoint checks its groups' in
-                // `mixed_lane`).
-                let driver_max = if mixed { u32::MAX } else { caps.max_len };
-                let max = MAX_NOTIFY_LEN
-                    .min(self.cold[ep_index].peer_notify_len)
-                    .min(driver_max);
-                if sqe.len > max {
+                if sqe.len > self.cold[ep_index].notify_max {
                     return Err(Status::InvalidLength);
                 }
                 if sqe.len > 0 {

@@ -83,7 +83,6 @@ impl Engine {
             ),
             _ => None,
         };
-        let atomic_op = AtomicOp::try_from(r.subop()).ok();
         let eligible = |gi: usize, g: &LaneGroup| {
             let caps = &self.capabilities[g.driver as usize];
             let runs = match opcode {
@@ -92,7 +91,7 @@ impl Engine {
                 // Only the endpoint's atomic domain: atomics on one word
                 // never mix agents that are not atomic with each other.
                 Opcode::ATOMIC => {
-                    atomic_op.is_some_and(|op| caps.atomic_ops.contains(op))
+                    AtomicOp::try_from(r.subop()).is_ok_and(|op| caps.atomic_ops.contains(op))
                         && cold.atomic_domain == Some(caps.atomic_domain)
                 }
                 Opcode::NOTIFY => caps.notify && r.len <= caps.max_len,
