@@ -45,6 +45,10 @@ pub struct Config {
     pub notify_size: u32,
     /// PUT/GET size from which bandwidth lanes are used.
     pub bw_threshold: u32,
+    /// How long a worker being dropped asks drivers that answer
+    /// [`Quiesced::Pending`](crate::Quiesced::Pending) again before it
+    /// gives up and leaks its registered memory rather than free it.
+    pub quiesce_timeout: std::time::Duration,
 }
 
 impl Default for Config {
@@ -59,6 +63,7 @@ impl Default for Config {
             notify_buffers: 64,
             notify_size: 4096,
             bw_threshold: 8192,
+            quiesce_timeout: std::time::Duration::from_secs(10),
         }
     }
 }

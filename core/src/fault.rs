@@ -37,7 +37,7 @@ use crate::DriverMemory;
 use crate::driver::{
     Capabilities, Completion, Connect, DirectPath, Driver, DriverContext, DriverEp, DriverError,
     DriverMemKey, DriverRkey, LaneMask, MAX_LANES, MemDesc, Op, OpKind, PeerLimits, Posted,
-    Quiesce, Sleep, Token,
+    Quiesce, Quiesced, Sleep, Token,
 };
 use crate::memory::MemKind;
 use ringfence_ring::Status;
@@ -861,7 +861,7 @@ impl<D: Driver> Driver for FaultInjector<D> {
         self.inner.woke();
     }
 
-    fn quiesce(&mut self, scope: Quiesce) {
+    fn quiesce(&mut self, scope: Quiesce) -> Quiesced {
         // What this wrapper still holds never reaches the inner driver
         // once its memory is quiesced: it completes canceled, unexecuted.
         let covered = |h: &Held| match scope {
@@ -889,7 +889,9 @@ impl<D: Driver> Driver for FaultInjector<D> {
                 }));
         }
         self.recount_held();
-        self.inner.quiesce(scope);
+        // Whatever the inner driver answers: this wrapper holds nothing
+        // covered any more.
+        self.inner.quiesce(scope)
     }
 
     fn direct(&mut self) -> Option<&mut dyn DirectPath> {

@@ -120,9 +120,11 @@ pub use config::Config;
 pub use driver::{
     AtomicDomain, AtomicOps, Capabilities, Completion, Connect, DirectPath, Driver, DriverContext,
     DriverEp, DriverError, DriverMemKey, DriverMemory, DriverRkey, LaneMask, MAX_LANES, MemDesc,
-    Op, OpKind, PeerLimits, Posted, Quiesce, Sleep, Token, drain_completions, execute_by_post,
+    Op, OpKind, PeerLimits, Posted, Quiesce, Quiesced, Sleep, Token, drain_completions,
+    execute_by_post,
 };
 pub use endpoint::{EndpointId, EndpointState, FenceState};
+pub use engine::UnreleasedMemory;
 pub use error::Error;
 #[cfg(feature = "testkit")]
 pub use fault::{Executed, FaultHandle, FaultInjector, Timing};

@@ -89,6 +89,10 @@ struct Slot {
     /// Bumped on every removal; starts at 1 so that handle 0 is invalid.
     generation: u16,
     registration: Option<Registration>,
+    /// A removed registration's handle is still answered for (a driver has
+    /// not released memory the application owns, see
+    /// `Engine::deregister`): the slot is not reused until then.
+    reserved: bool,
 }
 
 /// The local registrations of a worker.
@@ -110,12 +114,17 @@ impl MemRegistry {
         &mut self,
         registration: Registration,
     ) -> Result<MemHandle, (Status, Registration)> {
-        let slot = match self.slots.iter().position(|s| s.registration.is_none()) {
+        let slot = match self
+            .slots
+            .iter()
+            .position(|s| s.registration.is_none() && !s.reserved)
+        {
             Some(i) => i,
             None if self.slots.len() < 1 << 16 => {
                 self.slots.push(Slot {
                     generation: 1,
                     registration: None,
+                    reserved: false,
                 });
                 self.slots.len() - 1
             }
@@ -178,6 +187,28 @@ impl MemRegistry {
         s.generation = s.generation.checked_add(1).unwrap_or(1);
         self.removals += 1;
         s.registration.take().ok_or(Status::InvalidMemHandle)
+    }
+
+    /// Keeps the slot of `raw`, a handle [`remove`](MemRegistry::remove)
+    /// returned the registration of, from being reused: no new
+    /// registration gets a handle equal to `raw` until
+    /// [`unreserve`](MemRegistry::unreserve).
+    pub fn reserve(&mut self, raw: u32) {
+        if let Some(s) = self.slots.get_mut(MemHandle::slot(raw)) {
+            s.reserved = true;
+        }
+    }
+
+    /// Lets the slot of `raw` be reused again.
+    pub fn unreserve(&mut self, raw: u32) {
+        if let Some(s) = self.slots.get_mut(MemHandle::slot(raw)) {
+            s.reserved = false;
+        }
+    }
+
+    /// Takes every live registration out (teardown).
+    pub fn drain(&mut self) -> impl Iterator<Item = Registration> + '_ {
+        self.slots.iter_mut().filter_map(|s| s.registration.take())
     }
 }
 

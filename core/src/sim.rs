@@ -48,9 +48,12 @@
 //! - **Quiesce.** [`Quiesce::All`] completes everything held (operations,
 //!   flushes, handshakes) with [`Status::Canceled`] without executing it;
 //!   [`Quiesce::Memory`] does that for the operations whose `local_key` is
-//!   that key. The completions come out of the next polls. The handle's
-//!   event log ([`SimHandle::events`]) records each quiesce called and
-//!   returned, and [`SimHandle::violations`] any execution that would
+//!   that key. The completions come out of the next polls. A quiesce may
+//!   be programmed to take time ([`SimHandle::delay_quiesce`]: it answers
+//!   [`Quiesced::Pending`] for a number of asks, then `Done`) or to leak
+//!   ([`SimHandle::leak_quiesce`]). The handle's event log
+//!   ([`SimHandle::events`]) records each quiesce called and its answer,
+//!   and [`SimHandle::violations`] any execution that would
 //!   touch memory a returned quiesce covered, or memory already freed
 //!   (refused: it completes with [`Status::AccessDenied`] instead), any
 //!   post to a connection that is not up, and completions still unpolled
@@ -84,7 +87,8 @@
 use crate::DriverMemory;
 use crate::driver::{
     Capabilities, Completion, Connect, DirectPath, Driver, DriverContext, DriverEp, DriverError,
-    DriverMemKey, DriverRkey, LaneMask, MemDesc, Op, PeerLimits, Posted, Quiesce, Sleep, Token,
+    DriverMemKey, DriverRkey, LaneMask, MemDesc, Op, PeerLimits, Posted, Quiesce, Quiesced, Sleep,
+    Token,
 };
 use crate::fault::Executed;
 use crate::memory::MemKind;
@@ -92,7 +96,7 @@ use nix::sys::time::TimeSpec;
 use nix::sys::timerfd::{self, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags};
 use ringfence_ring::Status;
 use std::alloc::{Layout, alloc_zeroed, dealloc};
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -130,8 +134,13 @@ pub enum SimEvent {
     Deregister(DriverMemKey),
     /// `quiesce` was called.
     QuiesceCalled(Quiesce),
-    /// `quiesce` returned.
+    /// `quiesce` answered [`Quiesced::Done`]: nothing may touch the memory
+    /// any more.
     QuiesceReturned(Quiesce),
+    /// `quiesce` answered [`Quiesced::Pending`].
+    QuiescePending(Quiesce),
+    /// `quiesce` answered [`Quiesced::Leak`].
+    QuiesceLeaked(Quiesce),
     /// `alloc_memory` handed out memory.
     Allocated {
         /// Its start.
@@ -203,6 +212,12 @@ struct State {
     quiesced_keys: HashSet<u64>,
     /// Memory from `alloc_memory` that has been freed: start and length.
     freed: Vec<(u64, u64)>,
+    /// Asks each quiesce scope answers `Pending` before `Done`.
+    quiesce_delay: u32,
+    /// Quiesce answers `Leak` (after its delay).
+    quiesce_leak: bool,
+    /// Asks so far of each scope not answered yet (`None`: `All`).
+    quiesce_asks: HashMap<Option<u64>, u32>,
 }
 
 impl State {
@@ -290,6 +305,22 @@ impl SimHandle {
     /// connection after it (a later `quiesce(All)` cancels what is left).
     pub fn drain_on_disconnect(&self, drain: bool) {
         self.state().drain_on_disconnect = drain;
+    }
+
+    /// Every quiesce scope first asked from now on (each key, and
+    /// `Quiesce::All`) answers [`Quiesced::Pending`] for its first `asks`
+    /// asks, then `Done` (or `Leak`, see
+    /// [`leak_quiesce`](SimHandle::leak_quiesce)); `u32::MAX` never
+    /// finishes. What it holds is canceled at the first ask all the same.
+    /// The default is 0: `Done` at once.
+    pub fn delay_quiesce(&self, asks: u32) {
+        self.state().quiesce_delay = asks;
+    }
+
+    /// Whether quiesce answers [`Quiesced::Leak`] instead of `Done` (after
+    /// its delay): the memory must never be freed. Default `false`.
+    pub fn leak_quiesce(&self, leak: bool) {
+        self.state().quiesce_leak = leak;
     }
 
     /// The counters.
@@ -514,6 +545,9 @@ impl<D: Driver> SimDriver<D> {
             quiesced_all: false,
             quiesced_keys: HashSet::new(),
             freed: Vec::new(),
+            quiesce_delay: 0,
+            quiesce_leak: false,
+            quiesce_asks: HashMap::new(),
         }));
         let timer = TimerFd::new(
             timerfd::ClockId::CLOCK_MONOTONIC,
@@ -1276,7 +1310,7 @@ impl<D: Driver> Driver for SimDriver<D> {
         }
     }
 
-    fn quiesce(&mut self, scope: Quiesce) {
+    fn quiesce(&mut self, scope: Quiesce) -> Quiesced {
         self.state().events.push(SimEvent::QuiesceCalled(scope));
         match scope {
             Quiesce::All => {
@@ -1314,20 +1348,42 @@ impl<D: Driver> Driver for SimDriver<D> {
                 }
             }
         }
-        self.inner.quiesce(scope);
-        {
-            let mut s = self.state();
-            match scope {
-                Quiesce::All => s.quiesced_all = true,
-                Quiesce::Memory(key) => {
-                    s.quiesced_keys.insert(key.0);
-                }
-            }
-            s.events.push(SimEvent::QuiesceReturned(scope));
-        }
+        let inner = self.inner.quiesce(scope);
         if !self.ready.is_empty() {
             self.arm_by(now_ns());
         }
+        let mut s = self.state();
+        let id = match scope {
+            Quiesce::All => None,
+            Quiesce::Memory(key) => Some(key.0),
+        };
+        let delay = s.quiesce_delay;
+        let asks = s.quiesce_asks.entry(id).or_insert(0);
+        *asks = asks.saturating_add(1);
+        let answer = if *asks <= delay || inner == Quiesced::Pending {
+            Quiesced::Pending
+        } else if s.quiesce_leak || inner == Quiesced::Leak {
+            Quiesced::Leak
+        } else {
+            Quiesced::Done
+        };
+        if answer != Quiesced::Pending {
+            s.quiesce_asks.remove(&id);
+        }
+        match answer {
+            Quiesced::Done => {
+                match scope {
+                    Quiesce::All => s.quiesced_all = true,
+                    Quiesce::Memory(key) => {
+                        s.quiesced_keys.insert(key.0);
+                    }
+                }
+                s.events.push(SimEvent::QuiesceReturned(scope));
+            }
+            Quiesced::Pending => s.events.push(SimEvent::QuiescePending(scope)),
+            Quiesced::Leak => s.events.push(SimEvent::QuiesceLeaked(scope)),
+        }
+        answer
     }
 
     fn direct(&mut self) -> Option<&mut dyn DirectPath> {

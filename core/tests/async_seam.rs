@@ -12,8 +12,8 @@
 use ringfence::{
     Completion, Connect, Driver, DriverContext, DriverEp, DriverMemKey, DriverMemory, DriverRkey,
     EndpointId, EndpointState, Loopback, MemDesc, MemKind, NotifyPool, Op, OpKind, Posted,
-    QueuePair, Quiesce, RegisteredBuf, RkeyId, SimDriver, SimEvent, SimHandle, SimTiming, Token,
-    Worker,
+    QueuePair, Quiesce, Quiesced, RegisteredBuf, RkeyId, SimDriver, SimEvent, SimHandle, SimTiming,
+    Token, Worker,
 };
 use ringfence_ring::{Cqe, FenceMode, RemoteBuf, Sqe, Status};
 use std::os::fd::{AsFd, BorrowedFd};
@@ -808,7 +808,7 @@ fn the_wake_descriptor_follows_what_is_due() {
     );
 
     // quiesce(All) cancels the hour-long one: readable at once, unexecuted.
-    b.sim.quiesce(Quiesce::All);
+    assert_eq!(b.sim.quiesce(Quiesce::All), Quiesced::Done);
     assert!(fd_readable(&b, wait));
     assert_eq!(b.sim.poll(&mut out), 1);
     assert_eq!(
@@ -851,7 +851,7 @@ fn quiesce_cancels_what_uses_the_memory_and_later_accesses_are_violations() {
     assert_eq!(b.post(&on_other, 2), Posted::InFlight);
     b.sim.commit();
     b.sim.deregister(b.local_key);
-    b.sim.quiesce(Quiesce::Memory(b.local_key));
+    assert_eq!(b.sim.quiesce(Quiesce::Memory(b.local_key)), Quiesced::Done);
     let done = poll_until(&mut b.sim, Token(2));
     assert_eq!(done.result, Ok(8));
     let mut out = [Completion::default(); 4];
@@ -1105,4 +1105,217 @@ fn a_failed_handshake_completes_each_kind_of_queued_sqe_as_documented() {
             assert_eq!(later[1].res, status, "{error:?}: a later PUT");
         }
     }
+}
+
+/// Whether the memory from `alloc_memory` at `addr` has been freed.
+fn freed(sim: &SimHandle, addr: u64) -> bool {
+    sim.events()
+        .iter()
+        .any(|e| matches!(e, SimEvent::Freed { addr: a, .. } if *a == addr))
+}
+
+/// The driver key of the first registration deregistered at the driver.
+fn deregistered_key(sim: &SimHandle) -> DriverMemKey {
+    sim.events()
+        .iter()
+        .find_map(|e| match e {
+            SimEvent::Deregister(key) => Some(*key),
+            _ => None,
+        })
+        .expect("deregistered at the driver")
+}
+
+/// A quiesce that answers `Pending` for 50 asks: the deregistration
+/// returns at once, the memory the worker owns is kept (no `Freed`) while
+/// the engine asks again from its rounds, another endpoint's PUT completes
+/// meanwhile, and the memory is freed only after the driver answered
+/// `Done`.
+#[test]
+fn a_deregistration_the_driver_finishes_later_frees_only_after_done() {
+    let (t, window) = target(4096);
+    let (w, sim) = initiator(1);
+    sim.delay_quiesce(50);
+    let src = w.alloc_registered(4096).unwrap();
+    let addr = src.addr();
+    let other = w.alloc_registered(64).unwrap();
+    other.write(0, &[3; 8]);
+    let ep = w.connect(t.address()).unwrap();
+    let rkey = w
+        .unpack_rkey(ep, &t.pack_rkey(window.handle()).unwrap())
+        .unwrap();
+    let mut qp = w.create_queue().unwrap();
+    w.deregister(src.handle()).unwrap();
+    drop(src);
+    let key = deregistered_key(&sim);
+    assert!(!freed(&sim, addr), "freed while the driver said not yet");
+    let held = w.unreleased_memory();
+    assert_eq!((held.pending, held.pending_bytes), (1, 4096));
+    // The worker goes on: a PUT on the endpoint completes meanwhile.
+    let remote = RemoteBuf {
+        rkey: rkey.as_raw(),
+        addr: window.addr(),
+    };
+    let put = Sqe::put(ep.as_raw(), other.local(0), remote, 8).with_user_data(1);
+    let cqes = run(&w, &mut qp, &[put], 1);
+    assert_eq!(cqes[0].res, 8);
+    assert_eq!(window.load_u64(0), u64::from_le_bytes([3; 8]));
+    assert!(!freed(&sim, addr), "freed while the driver said not yet");
+    let deadline = Instant::now() + HANG;
+    while !freed(&sim, addr) {
+        w.progress();
+        assert!(Instant::now() < deadline, "never freed");
+    }
+    assert_eq!(w.unreleased_memory(), Default::default());
+    let events = sim.events();
+    let asks = events
+        .iter()
+        .filter(|e| **e == SimEvent::QuiesceCalled(Quiesce::Memory(key)))
+        .count();
+    let pending = events
+        .iter()
+        .filter(|e| **e == SimEvent::QuiescePending(Quiesce::Memory(key)))
+        .count();
+    assert_eq!((asks, pending), (51, 50), "asked again until done, no more");
+    let done = events
+        .iter()
+        .position(|e| *e == SimEvent::QuiesceReturned(Quiesce::Memory(key)))
+        .expect("done");
+    let gone = events
+        .iter()
+        .position(|e| matches!(e, SimEvent::Freed { addr: a, .. } if *a == addr))
+        .unwrap();
+    assert!(done < gone, "{events:?}");
+    assert!(sim.violations().is_empty(), "{:?}", sim.violations());
+}
+
+/// A quiesce that answers `Leak`: the deregistration succeeds, and the
+/// memory is never freed, not even when the worker goes.
+#[test]
+fn memory_a_driver_leaks_is_never_freed() {
+    let (w, sim) = initiator(1);
+    sim.leak_quiesce(true);
+    let src = w.alloc_registered(8192).unwrap();
+    let addr = src.addr();
+    w.deregister(src.handle()).unwrap();
+    drop(src);
+    let key = deregistered_key(&sim);
+    for _ in 0..100 {
+        w.progress();
+    }
+    let held = w.unreleased_memory();
+    assert_eq!((held.pending, held.leaked, held.leaked_bytes), (0, 1, 8192));
+    drop(w);
+    assert!(!freed(&sim, addr), "leaked memory was freed");
+    let events = sim.events();
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| **e == SimEvent::QuiesceCalled(Quiesce::Memory(key)))
+            .count(),
+        1,
+        "a leak is final: {events:?}"
+    );
+    assert!(events.contains(&SimEvent::QuiesceLeaked(Quiesce::Memory(key))));
+}
+
+/// Memory the application owns, under a quiesce that answers `Pending`
+/// for 3 asks: deregistration answers BUSY (the memory must stay) while
+/// the driver holds it, SQEs naming the handle fail at once, and once the
+/// progress rounds have asked the driver enough, the same call succeeds,
+/// once.
+#[test]
+fn the_application_keeps_its_memory_until_the_driver_released_it() {
+    let (t, window) = target(4096);
+    let (w, sim) = initiator(1);
+    let ep = w.connect(t.address()).unwrap();
+    let rkey = w
+        .unpack_rkey(ep, &t.pack_rkey(window.handle()).unwrap())
+        .unwrap();
+    let mut qp = w.create_queue().unwrap();
+    sim.delay_quiesce(3);
+    let mut mine = vec![0u64; 512];
+    // SAFETY: `mine` outlives the registration: it is dropped only after
+    // `deregister` answered `Ok`.
+    let handle = unsafe { w.register(mine.as_mut_ptr().cast(), 4096, MemKind::Host) }.unwrap();
+    let busy = |w: &Worker| w.deregister(handle).map_err(|e| e.status());
+    assert_eq!(busy(&w), Err(Status::Busy));
+    assert_eq!(busy(&w), Err(Status::Busy), "no round has asked again");
+    assert_eq!(w.unreleased_memory().pending, 1);
+    // Withdrawn for SQEs all the same.
+    let remote = RemoteBuf {
+        rkey: rkey.as_raw(),
+        addr: window.addr(),
+    };
+    let local = ringfence_ring::LocalBuf {
+        mem: handle.as_raw(),
+        addr: mine.as_ptr() as u64,
+    };
+    let put = Sqe::put(ep.as_raw(), local, remote, 8).with_user_data(1);
+    let cqes = run(&w, &mut qp, &[put], 1);
+    assert_eq!(cqes[0].res, Status::InvalidMemHandle.as_raw());
+    let deadline = Instant::now() + HANG;
+    while w.unreleased_memory().pending > 0 {
+        w.progress();
+        assert!(Instant::now() < deadline, "never released");
+    }
+    assert_eq!(busy(&w), Ok(()));
+    assert_eq!(busy(&w), Err(Status::InvalidMemHandle));
+    drop(mine);
+    assert!(sim.violations().is_empty(), "{:?}", sim.violations());
+}
+
+/// A worker over a `SimDriver` that gives its teardown at most `timeout`.
+fn initiator_with_timeout(timeout: Duration) -> (Worker, SimHandle) {
+    let (sim, handle) = SimDriver::new(Loopback::new());
+    let w = Worker::builder()
+        .driver(sim)
+        .quiesce_timeout(timeout)
+        .ignore_env()
+        .build()
+        .unwrap();
+    (w, handle)
+}
+
+/// Teardown whose `quiesce(All)` answers `Pending`: asked again between
+/// polls, and memory is freed only after `Done`; one that never finishes
+/// within the worker's quiesce timeout leaks every registration (live
+/// and deregistered) rather than free it.
+#[test]
+fn teardown_frees_after_a_late_done_and_leaks_what_never_finishes() {
+    let (w, sim) = initiator_with_timeout(HANG);
+    sim.delay_quiesce(5);
+    let live = w.alloc_registered(4096).unwrap();
+    let addr = live.addr();
+    drop(live);
+    drop(w);
+    let events = sim.events();
+    let pending = events
+        .iter()
+        .filter(|e| **e == SimEvent::QuiescePending(Quiesce::All))
+        .count();
+    assert_eq!(pending, 5, "{events:?}");
+    let done = events
+        .iter()
+        .position(|e| *e == SimEvent::QuiesceReturned(Quiesce::All))
+        .expect("done");
+    let gone = events
+        .iter()
+        .position(|e| matches!(e, SimEvent::Freed { addr: a, .. } if *a == addr))
+        .expect("freed");
+    assert!(done < gone, "{events:?}");
+
+    let (w, sim) = initiator_with_timeout(Duration::from_millis(50));
+    sim.delay_quiesce(u32::MAX);
+    let live = w.alloc_registered(4096).unwrap();
+    let parked = w.alloc_registered(4096).unwrap();
+    let addrs = [live.addr(), parked.addr()];
+    w.deregister(parked.handle()).unwrap();
+    drop((live, parked));
+    drop(w);
+    for addr in addrs {
+        assert!(!freed(&sim, addr), "freed although teardown never finished");
+    }
+    let events = sim.events();
+    assert!(events.contains(&SimEvent::QuiescePending(Quiesce::All)));
+    assert!(!events.contains(&SimEvent::QuiesceReturned(Quiesce::All)));
 }

@@ -9,8 +9,8 @@
 
 use ringfence::{
     Completion, CompletionMode, Connect, Driver, DriverEp, EndpointId, EndpointState, FaultHandle,
-    FaultInjector, Loopback, LoopbackTarget, Posted, QueuePair, Quiesce, RegisteredBuf, RkeyId,
-    Timing, Token, Worker,
+    FaultInjector, Loopback, LoopbackTarget, Posted, QueuePair, Quiesce, Quiesced, RegisteredBuf,
+    RkeyId, Timing, Token, Worker,
 };
 use ringfence_ring::{FenceMode, RemoteBuf, Sqe, Status};
 use std::collections::HashMap;
@@ -473,7 +473,7 @@ fn blocked_flushes_are_held_even_when_synchronous_and_quiesce_cancels_them() {
 
     fault.block_flushes(true);
     assert_eq!(d.flush(ep, 0b01, Token(3)), Posted::InFlight);
-    d.quiesce(Quiesce::All);
+    assert_eq!(d.quiesce(Quiesce::All), Quiesced::Done);
     assert_eq!(fault.held(), 0);
     assert_eq!(
         poll(&mut d),

@@ -29,8 +29,8 @@ use nix::sys::eventfd::{EfdFlags, EventFd};
 use ringfence::{
     Capabilities, Completion, CompletionMode, Connect, Driver, DriverContext, DriverEp,
     DriverError, DriverMemKey, DriverRkey, FaultInjector, LaneMask, Loopback, MemDesc, MemKind, Op,
-    OpKind, Posted, QueuePair, Quiesce, RegisteredBuf, SimDriver, SimTiming, Sleep, Timing, Token,
-    Worker,
+    OpKind, Posted, QueuePair, Quiesce, Quiesced, RegisteredBuf, SimDriver, SimTiming, Sleep,
+    Timing, Token, Worker,
 };
 use ringfence_ring::{RemoteBuf, Sqe, Status};
 use std::collections::VecDeque;
@@ -444,7 +444,7 @@ impl Driver for Device {
 
     /// Cancels what the device has not started (its completions come out
     /// of `poll` with CANCELED) and waits for what it has.
-    fn quiesce(&mut self, _scope: Quiesce) {
+    fn quiesce(&mut self, _scope: Quiesce) -> Quiesced {
         let mut queue = self.state.queue.lock().unwrap();
         if !queue.jobs.is_empty() {
             let mut done = self.state.done.lock().unwrap();
@@ -459,6 +459,7 @@ impl Driver for Device {
         while queue.busy > 0 {
             queue = self.state.idle.wait(queue).unwrap();
         }
+        Quiesced::Done
     }
 }
 

@@ -791,12 +791,18 @@ int rf_mem_alloc(rf_worker_t worker, size_t len, void **addr, uint32_t *mem);
 
 /**
  * Withdraws a registration (`rf_mem_register` or `rf_mem_alloc`; memory
- * from `rf_mem_alloc` is freed). Fails cleanly, changing nothing, while
- * operations that use it are in flight.
+ * from `rf_mem_alloc` is freed once no driver can touch it). Fails
+ * cleanly, changing nothing, while operations that use it are in flight.
+ * For memory from `rf_mem_register`, 0 means that no driver can touch it
+ * any more and it may be freed; while a driver still holds it (a peer's
+ * PUT still arriving), the handle is withdrawn but this returns
+ * `RF_EBUSY`: keep the memory, progress, and call again with the same
+ * handle (for ever `RF_EBUSY` if a driver can never release it: then the
+ * memory must never be freed).
  *
  * Returns 0; `RF_EINVALID_MEM_HANDLE` for a handle that is not a live
  * registration of this worker (a second deregistration included);
- * `RF_EBUSY` while in use; `RF_ESTALE_HANDLE`.
+ * `RF_EBUSY` while in use or held; `RF_ESTALE_HANDLE`.
  */
 int rf_mem_deregister(rf_worker_t worker, uint32_t mem);
 

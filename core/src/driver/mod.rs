@@ -30,9 +30,15 @@
 //! - **Asynchronous connect.** [`Driver::connect`] returns at once; a
 //!   connection that needs a handshake completes through [`Driver::poll`]
 //!   with the token it was given.
-//! - **Quiesce before free.** [`Driver::quiesce`] returns only when nothing
-//!   the driver started can access the memory in question any more; the
-//!   engine calls it before memory is freed (deregistration, teardown).
+//! - **Quiesce before free.** The engine calls [`Driver::quiesce`] before
+//!   memory is freed (deregistration, teardown), and frees nothing until
+//!   the driver answers [`Quiesced::Done`]: nothing it started can access
+//!   that memory any more.
+//! - **Teardown may take time.** A quiesce that cannot finish now answers
+//!   [`Quiesced::Pending`] and the engine asks again from its later
+//!   rounds, the driver progressing it in [`Driver::poll`]; one that may
+//!   never finish answers [`Quiesced::Leak`], and the memory is leaked
+//!   rather than freed.
 //! - **Memory kinds.** A driver registers only the [`MemKind`]s its
 //!   [`Capabilities::mem_kinds`] lists; device memory never reaches a
 //!   host-only driver.
@@ -292,6 +298,31 @@ pub enum Quiesce {
     All,
 }
 
+/// A driver's answer to [`Driver::quiesce`]: whether the memory of the
+/// scope may be freed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub enum Quiesced {
+    /// Nothing this driver started can read or write the memory any more:
+    /// the engine may free it. Final for this scope: the engine does not
+    /// ask again.
+    Done,
+    /// Not yet: something the driver started may still access the memory
+    /// (a canceled receive whose completion has not come back, a send that
+    /// still reads the window, a peer's PUT still arriving into it). The
+    /// engine keeps the memory and asks again, with the same scope, from
+    /// later progress rounds, after polling the driver; the driver makes
+    /// progress on it in [`Driver::poll`] (and may in `quiesce`), without
+    /// waiting for anything.
+    Pending,
+    /// The driver cannot promise that it ever will be safe (a receive into
+    /// the window that the kernel still holds after its connection was
+    /// closed and its cancellation never came back): the engine must never
+    /// free or reuse the memory, and leaks it on purpose (a warning says
+    /// so, with its size). Final for this scope.
+    Leak,
+}
+
 /// The outcome of a post or a flush.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[must_use]
@@ -482,7 +513,8 @@ impl std::error::Error for DriverError {}
 ///
 /// Every method runs on the thread that runs the worker's progress (or that
 /// builds, connects or registers, under the same lock); none blocks on the
-/// network (`quiesce` may wait for the local device, never for a peer).
+/// network or waits for a peer (`quiesce` answers [`Quiesced::Pending`]
+/// instead).
 /// Data-path methods (`post`, `flush`, `commit`, `poll`) must not allocate.
 ///
 /// Wrappers (the test kit's `FaultInjector`) forward every method: a test
@@ -525,8 +557,17 @@ pub trait Driver: Send + fmt::Debug + 'static {
     fn register(&mut self, mem: &MemDesc) -> Result<DriverMemKey, DriverError>;
 
     /// Withdraws a registration: no remote access that starts after this
-    /// returns succeeds. Accesses already started may still run until
-    /// [`quiesce`](Driver::quiesce) returns.
+    /// returns succeeds, and the engine names the key again only in
+    /// `quiesce(Quiesce::Memory(key))`. Accesses already started may still
+    /// run until [`quiesce`](Driver::quiesce) answers [`Quiesced::Done`].
+    ///
+    /// It has no outcome of its own: withdrawing is immediate (a table
+    /// entry, a revoked key), and whatever can outlast it is an access
+    /// already started, which is exactly what the `quiesce` that follows
+    /// answers for, as often as the engine asks. A driver whose withdrawal
+    /// itself finishes later (a deregistration the device completes
+    /// asynchronously) starts it here and answers `Pending` from `quiesce`
+    /// until it is over.
     fn deregister(&mut self, key: DriverMemKey);
 
     /// The blob a peer needs to access a registration remotely.
@@ -557,7 +598,9 @@ pub trait Driver: Send + fmt::Debug + 'static {
     ///   registered it) or, for a NOTIFY, inside memory the caller owns;
     /// - that memory stays allocated and registered until this operation's
     ///   completion is returned (by this call or by `poll`), or until
-    ///   [`quiesce`](Driver::quiesce) returns, whichever comes first.
+    ///   [`quiesce`](Driver::quiesce) of a scope that covers it answers
+    ///   [`Quiesced::Done`], whichever comes first (after
+    ///   [`Quiesced::Leak`], for ever).
     unsafe fn post(&mut self, ep: DriverEp, op: &Op, token: Token) -> Posted;
 
     /// Starts a flush of `lanes` of `ep`: it completes when every operation
@@ -651,19 +694,54 @@ pub trait Driver: Send + fmt::Debug + 'static {
     /// calls are progress rounds. The default does nothing.
     fn woke(&mut self) {}
 
-    /// Returns only when nothing this driver started can read or write the
-    /// memory of `scope` any more: in-flight operations that use it are
-    /// finished or canceled (their completions still come out of `poll`),
-    /// incoming operations that target it are finished or refused, and
-    /// device work that touches it is done. The engine calls it after
-    /// [`deregister`](Driver::deregister) and before freeing the memory,
-    /// and at teardown after every [`disconnect`](Driver::disconnect) and
-    /// before any memory is freed. It may wait for the local device (a
-    /// stream synchronize, a cancel's completion) but never for a peer. The
-    /// default does nothing: right for drivers that finish every access
-    /// inside the call that started it.
-    fn quiesce(&mut self, scope: Quiesce) {
+    /// Makes the memory of `scope` safe to free, and says whether it is.
+    ///
+    /// # When the engine calls it
+    /// - [`Quiesce::Memory`]: after [`deregister`](Driver::deregister) of
+    ///   that key, before the registration's memory is freed (for memory
+    ///   the application owns: before `Worker::deregister` tells the
+    ///   application that it may free it).
+    /// - [`Quiesce::All`]: at teardown, after every connection was released
+    ///   with [`disconnect`](Driver::disconnect) and the engine polled what
+    ///   they handed back, before any memory is freed.
+    /// - Again, with the same scope, after each answer
+    ///   [`Quiesced::Pending`]: once per later progress round, after that
+    ///   round polled this driver (at teardown: rounds that only poll, for
+    ///   a bounded time). Never again after `Done` or `Leak`. Scopes are
+    ///   independent: several keys may be pending at once, and `All` may be
+    ///   asked while some `Memory` scopes are pending (it covers them).
+    ///
+    /// # What each answer obliges
+    /// - [`Quiesced::Done`]: nothing this driver started can read or write
+    ///   that memory any more: in-flight operations that use it are
+    ///   finished or canceled, incoming operations that target it are
+    ///   finished or refused, and device or kernel work that touches it is
+    ///   over (an io_uring receive into it has posted its CQE). The engine
+    ///   frees it.
+    /// - [`Quiesced::Pending`]: not yet. The driver has started what ends
+    ///   the accesses (a cancel, a close, a timeout it keeps itself) and
+    ///   makes progress on it from `poll` (or from the next `quiesce`).
+    ///   The engine keeps the memory alive meanwhile, and the core thread
+    ///   does not sleep while a quiesce is pending.
+    /// - [`Quiesced::Leak`]: the driver cannot promise that the accesses
+    ///   ever end (its connection is closed, but the kernel may still write
+    ///   into the window). The engine never frees or reuses the memory.
+    ///
+    /// # Rules
+    /// - Never wait for a peer, nor for long for the local device: answer
+    ///   `Pending` and progress in `poll`. A peer that stops reading or
+    ///   sending is the driver's to time out (closing its connection)
+    ///   while it answers `Pending`.
+    /// - Operations it cancels still complete exactly once, through `poll`
+    ///   (with [`Status::Canceled`] or their real outcome), whatever it
+    ///   answers.
+    /// - Control path: it may allocate and make system calls.
+    ///
+    /// The default answers `Done`: right for drivers that finish every
+    /// access inside the call that started it.
+    fn quiesce(&mut self, scope: Quiesce) -> Quiesced {
         let _ = scope;
+        Quiesced::Done
     }
 
     /// The synchronous fast path, if this driver offers it: runs of PUTs

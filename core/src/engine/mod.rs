@@ -51,7 +51,7 @@
 use crate::config::Config;
 use crate::driver::{
     Completion, Connect, Driver, DriverContext, DriverError, DriverMemKey, DriverRkey, LaneMask,
-    Op, OpKind, Posted, Quiesce, Sleep, Token,
+    Op, OpKind, Posted, Quiesce, Quiesced, Sleep, Token,
 };
 use crate::endpoint::{
     CONNECTING, Endpoint, EndpointCold, EpState, FlushParts, LaneGroup, MIXED, NO_LANE, NOT_DIRECT,
@@ -102,6 +102,7 @@ mod lanes;
 mod post;
 mod queue;
 mod quiet;
+mod release;
 mod teardown;
 mod token;
 
@@ -109,6 +110,8 @@ use direct::{OpKeys, Resolved, is_rma};
 use intake::rma_shape;
 pub(crate) use queue::EngineQueue;
 pub(crate) use quiet::QuietPart;
+use release::Parked;
+pub use release::UnreleasedMemory;
 use token::Named;
 
 /// Whether an error fails the whole endpoint (the connection is unusable)
@@ -188,6 +191,15 @@ pub(crate) struct Engine {
     worker_flush_serial: u32,
     /// The serial of the last connect attempt ([`Named::Connect`]).
     connect_attempts: u32,
+    /// Deregistered registrations a driver has not released yet (its
+    /// quiesce answered `Pending`): asked again every round while not
+    /// empty.
+    parked: Vec<Parked>,
+    /// Handles of application memory whose drivers have answered, until
+    /// the application deregisters it again (see `release`).
+    settled: Vec<(u32, release::Settled)>,
+    /// Registrations leaked (a driver answered `Leak`), and their bytes.
+    leaked: (u64, u64),
     pub(crate) shut_down: bool,
 }
 
@@ -232,6 +244,9 @@ impl Engine {
             flush_serial: 0,
             worker_flush_serial: 0,
             connect_attempts: 0,
+            parked: Vec::new(),
+            settled: Vec::new(),
+            leaked: (0, 0),
             shut_down: false,
         }
     }
@@ -276,6 +291,9 @@ impl Engine {
         }
         work += self.dispatch_scheduled();
         work += self.poll_drivers();
+        if !self.parked.is_empty() {
+            work += self.reask_parked();
+        }
         // Requests a completion just admitted start in this round, not the
         // next: a second, separate pass (never from inside the completion).
         work += self.dispatch_scheduled();
@@ -300,7 +318,9 @@ impl Engine {
     /// notifications are checked by [`prepare_sleep`](Engine::prepare_sleep)
     /// and `NotifyPool::begin_sleep`, after their flags are set.
     pub(crate) fn may_sleep(&self) -> bool {
-        self.scheduled.is_empty() && self.queues.iter().all(|q| q.overflow.is_empty())
+        self.scheduled.is_empty()
+            && self.parked.is_empty()
+            && self.queues.iter().all(|q| q.overflow.is_empty())
     }
 
     /// Asks every driver to prepare for sleep ([`Driver::prepare_sleep`]).

@@ -37,7 +37,11 @@ impl Engine {
     /// ones (after the drivers give them back, or once they have quiesced),
     /// and SQEs not yet taken. Frees nothing a driver may still touch: the
     /// registrations (and the memory the registry owns) go with the engine,
-    /// after every driver's `quiesce(All)` returned.
+    /// after every driver's `quiesce(All)` answered `Done`. A driver that
+    /// still answers `Pending` is asked again between rounds that poll the
+    /// drivers, for at most [`Config::quiesce_timeout`]; if it has not
+    /// answered `Done` by then, or answered `Leak`, every registration is
+    /// leaked instead (a warning says so), never freed.
     pub(crate) fn shutdown(&mut self) {
         if self.shut_down {
             return;
@@ -60,9 +64,8 @@ impl Engine {
             }
             self.poll_drivers();
         }
-        for d in &mut self.drivers {
-            d.quiesce(Quiesce::All);
-        }
+        let release = self.quiesce_all();
+        self.release_all(release);
         // What the quiesce canceled comes out of the next polls, and one
         // `poll_drivers` takes at most `POLL_BATCHES` batches per driver:
         // poll until the drivers have nothing more (bounded, in case one
@@ -97,6 +100,47 @@ impl Engine {
         }
         // The drivers go now: no peer may reach this worker's memory again.
         self.drivers.clear();
+    }
+
+    /// Asks every driver to quiesce everything, again after rounds of
+    /// polling while some answer `Pending`, for a bounded time; whether
+    /// all answered `Done`.
+    fn quiesce_all(&mut self) -> bool {
+        let mut pending: Vec<usize> = (0..self.drivers.len()).collect();
+        let mut release = true;
+        let deadline = std::time::Instant::now() + self.config.quiesce_timeout;
+        loop {
+            let drivers = &mut self.drivers;
+            pending.retain(|&d| match drivers[d].quiesce(Quiesce::All) {
+                Quiesced::Done => false,
+                Quiesced::Pending => true,
+                Quiesced::Leak => {
+                    tracing::warn!(
+                        driver = drivers[d].name(),
+                        "a driver cannot release this worker's memory at teardown"
+                    );
+                    release = false;
+                    false
+                }
+            });
+            if pending.is_empty() {
+                return release;
+            }
+            if std::time::Instant::now() >= deadline {
+                for &d in &pending {
+                    tracing::warn!(
+                        driver = self.drivers[d].name(),
+                        timeout = ?self.config.quiesce_timeout,
+                        "a driver's teardown did not finish in time"
+                    );
+                }
+                return false;
+            }
+            self.poll_drivers();
+            // The driver may wait for the kernel or another thread of this
+            // process (a peer on the same host): give it the core.
+            std::thread::yield_now();
+        }
     }
 
     /// After shutdown: completes whatever is in queue pair `qi`'s SQ with

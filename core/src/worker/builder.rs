@@ -56,6 +56,15 @@ impl WorkerBuilder {
         self
     }
 
+    /// How long dropping the worker waits, progressing its drivers, for
+    /// those whose teardown answers "not yet" ([`Config::quiesce_timeout`],
+    /// default 10 s); after it their registered memory is leaked, never
+    /// freed.
+    pub fn quiesce_timeout(&mut self, timeout: std::time::Duration) -> &mut Self {
+        self.config.quiesce_timeout = timeout;
+        self
+    }
+
     /// Ignores `RINGFENCE_*` variables (tests that must not be steered by
     /// the environment).
     pub fn ignore_env(&mut self) -> &mut Self {

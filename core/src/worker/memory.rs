@@ -49,7 +49,7 @@ impl Worker {
             match engine.drivers[d].register(&desc) {
                 Ok(key) => keys.push(Some(key)),
                 Err(source) => {
-                    withdraw(&mut engine, &keys);
+                    withdraw_unused(&mut engine, &desc, owned, &keys);
                     return Err(Error::Driver {
                         driver: name,
                         op: "register",
@@ -69,7 +69,10 @@ impl Worker {
         match engine.mem.insert(registration) {
             Ok(handle) => Ok(handle),
             Err((status, registration)) => {
-                withdraw(&mut engine, &registration.keys);
+                let w = engine.withdraw(&registration.keys);
+                if !w.is_done() {
+                    engine.park(None, registration, w);
+                }
                 Err(Error::Status {
                     op: "register",
                     status,
@@ -86,8 +89,10 @@ impl Worker {
     ///
     /// # Safety
     /// - `[addr, addr + len)` stays valid, writable memory until
-    ///   [`deregister`](Worker::deregister) succeeds or the worker is
-    ///   dropped.
+    ///   [`deregister`](Worker::deregister) succeeds (it answers
+    ///   [`Status::Busy`] while a driver still holds the memory) or the
+    ///   worker is dropped (unless a warning at teardown says that a
+    ///   driver could not release it: then it must never be freed).
     /// - While registered, peers and the engine may write it at any time:
     ///   the owner reads it only in ways that tolerate that (volatile or
     ///   atomic accesses, or after a completion or a notification says the
@@ -210,26 +215,78 @@ impl Worker {
         })
     }
 
-    /// Withdraws a registration. Fails cleanly, changing nothing, while
-    /// requests that use it are in flight. Otherwise each driver withdraws
-    /// it and then quiesces it ([`Driver::quiesce`]): when this returns,
-    /// nothing any driver started (a peer's PUT landing, a device copy)
-    /// can touch the memory any more, and it may be freed.
+    /// Withdraws a registration, and frees its memory once no driver can
+    /// touch it any more.
+    ///
+    /// Fails cleanly, changing nothing, while requests that use it are in
+    /// flight. Otherwise the handle is withdrawn at once (SQEs naming it
+    /// fail with [`Status::InvalidMemHandle`], no peer access that starts
+    /// from now on succeeds), and each driver is asked to quiesce it
+    /// ([`Driver::quiesce`]). A driver that cannot say yet that nothing it
+    /// started (a peer's PUT still arriving, a canceled receive, GET data
+    /// still being sent from it) can touch the memory answers later, from
+    /// the progress rounds, and this call does not wait for it:
+    /// - Memory the worker owns ([`alloc_registered`](Worker::alloc_registered)):
+    ///   this returns `Ok` once the handle is withdrawn. The worker keeps
+    ///   the memory until every driver has released it, and frees it then
+    ///   (when the last [`RegisteredBuf`] handle is gone too); memory a
+    ///   driver can never release is leaked, never freed (a warning says
+    ///   so). [`unreleased_memory`](Worker::unreleased_memory) counts both.
+    /// - Memory the application owns ([`register`](Worker::register)):
+    ///   `Ok` means, as before, that no driver can touch it any more and it
+    ///   may be freed. While a driver still holds it, this answers
+    ///   [`Status::Busy`] instead: the memory must stay valid; progress the
+    ///   worker and call `deregister` again with the same handle, which
+    ///   answers `Busy` until the drivers have released it, then `Ok` (once;
+    ///   after that the handle is unknown). If a driver can never release
+    ///   it, every later call answers `Busy` and a warning says that the
+    ///   memory must never be freed or reused.
     ///
     /// # Errors
-    /// [`Status::InvalidMemHandle`] for an unknown handle, [`Status::Busy`]
-    /// while in use.
+    /// [`Status::InvalidMemHandle`] for an unknown handle (a second
+    /// deregistration included), [`Status::Busy`] while requests use it
+    /// (nothing changed) or while a driver holds memory the application
+    /// owns (see above).
     pub fn deregister(&self, handle: MemHandle) -> Result<(), Error> {
         let mut engine = self.shared.engine();
+        let raw = handle.as_raw();
+        if let Some(again) = engine.deregister_again(raw) {
+            return again.map_err(Error::status_of("deregister"));
+        }
         let registration = engine
             .mem
-            .remove(handle.as_raw())
+            .remove(raw)
             .map_err(Error::status_of("deregister"))?;
-        withdraw(&mut engine, &registration.keys);
+        let w = engine.withdraw(&registration.keys);
         tracing::debug!(kind = ?registration.kind, len = registration.len, "deregistered");
-        // Memory the registry owned is freed here, after every quiesce.
-        drop(registration);
-        Ok(())
+        if w.is_done() {
+            // Memory the registry owned is freed here, after every quiesce.
+            drop(registration);
+            return Ok(());
+        }
+        if registration._owned.is_some() {
+            engine.park(None, registration, w);
+            return Ok(());
+        }
+        engine.park(Some(raw), registration, w);
+        // Answered at once if a driver said `Leak` and none is pending.
+        match engine.deregister_again(raw) {
+            Some(Ok(())) | None => Ok(()),
+            Some(Err(status)) => Err(Error::Status {
+                op: "deregister",
+                status,
+            }),
+        }
+    }
+
+    /// Memory that drivers have not released: deregistered registrations a
+    /// driver's quiesce still answers "not yet" for (kept, not freed), and
+    /// those leaked because a driver could never release them. A snapshot.
+    ///
+    /// # Staleness
+    /// The next progress round may release what is pending.
+    pub fn unreleased_memory(&self) -> UnreleasedMemory {
+        self.shared.engine().unreleased()
     }
 
     /// The blob a peer unpacks to access a registration: exact bounds plus
@@ -348,13 +405,26 @@ impl Worker {
     }
 }
 
-/// Withdraws the driver keys of a registration and waits until no driver
-/// can touch its memory any more (deregister, then quiesce, per driver).
-fn withdraw(engine: &mut Engine, keys: &[Option<DriverMemKey>]) {
-    for (d, key) in keys.iter().enumerate() {
-        if let (Some(key), Some(driver)) = (key, engine.drivers.get_mut(d)) {
-            driver.deregister(*key);
-            driver.quiesce(Quiesce::Memory(*key));
-        }
+/// Withdraws the keys of a registration that failed before it got a
+/// handle (nothing can have used it): memory a driver does not release at
+/// once is kept as for a deregistration.
+fn withdraw_unused(
+    engine: &mut Engine,
+    desc: &MemDesc,
+    owned: Option<Arc<OwnedMem>>,
+    keys: &[Option<DriverMemKey>],
+) {
+    let w = engine.withdraw(keys);
+    if w.is_done() {
+        return;
     }
+    let registration = Registration {
+        base: desc.addr,
+        len: desc.len,
+        kind: desc.kind,
+        keys: keys.to_vec(),
+        inflight: 0,
+        _owned: owned,
+    };
+    engine.park(None, registration, w);
 }

@@ -1,9 +1,9 @@
 //! The worker: the public face of the engine.
 
 use crate::config::Config;
-use crate::driver::{Driver, DriverEp, DriverMemKey, MAX_LANES, MemDesc, Quiesce};
+use crate::driver::{Driver, DriverEp, DriverMemKey, MAX_LANES, MemDesc};
 use crate::endpoint::{EndpointId, EndpointState, FenceState};
-use crate::engine::{Engine, EngineQueue};
+use crate::engine::{Engine, EngineQueue, UnreleasedMemory};
 use crate::error::Error;
 use crate::limits;
 use crate::memory::{MAX_GROUPS, MemHandle, MemKind, Registration, Rkey, RkeyId, blob};

@@ -26,7 +26,7 @@ use nix::unistd::Pid;
 use ringfence::{
     Capabilities, Completion, Connect, DirectPath, Driver, DriverContext, DriverEp, DriverError,
     DriverMemKey, DriverMemory, DriverRkey, LaneMask, MemDesc, MemKind, NotifyPool, Op, OpKind,
-    PeerLimits, Posted, Quiesce, Sleep, Token,
+    PeerLimits, Posted, Quiesce, Quiesced, Sleep, Token,
 };
 use ringfence_ring::Status;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -526,8 +526,10 @@ impl Shm {
     }
 
     /// Waits (bounded) until no peer runs a cross-memory-attach access with
-    /// a key of `slot`; the slot is revoked already.
-    fn wait_for_cma(&self, slot: u32) {
+    /// a key of `slot`; the slot is revoked already. `false` if one still
+    /// ran when the wait ended: the peer may yet write the memory.
+    fn wait_for_cma(&self, slot: u32) -> bool {
+        let mut ended = true;
         let deadline = Instant::now() + REVOKE_WAIT;
         for channel in self.shared.inbound_snapshot().iter() {
             let Some(guard) = channel.page().word(CMA_ACTIVE_AT) else {
@@ -535,12 +537,16 @@ impl Shm {
             };
             let mut spins = 0u32;
             while guard.load(Ordering::SeqCst) == u64::from(slot) + 1 {
-                if channel.closing.load(Ordering::Acquire) || Instant::now() > deadline {
+                if channel.closing.load(Ordering::Acquire) {
+                    break;
+                }
+                if Instant::now() > deadline {
                     tracing::warn!(
                         peer = channel.peer_pid,
                         slot,
                         "a peer's access outlived deregistration's wait"
                     );
+                    ended = false;
                     break;
                 }
                 spins += 1;
@@ -551,6 +557,7 @@ impl Shm {
                 }
             }
         }
+        ended
     }
 }
 
@@ -825,14 +832,16 @@ impl Driver for Shm {
     /// memory attach, straight into this process: a revoked export's
     /// access that already started is waited out here (bounded), and at
     /// teardown every export is revoked and waited out, before the worker
-    /// frees anything.
-    fn quiesce(&mut self, scope: Quiesce) {
+    /// frees anything. An access still running when the wait ends means
+    /// the peer may yet write: the memory is leaked rather than freed.
+    fn quiesce(&mut self, scope: Quiesce) -> Quiesced {
+        let mut ended = true;
         match scope {
             Quiesce::Memory(key) => {
                 let slot = key.0 as u32;
                 if let Some(i) = self.revoked_cma.iter().position(|&s| s == slot) {
                     self.revoked_cma.swap_remove(i);
-                    self.wait_for_cma(slot);
+                    ended = self.wait_for_cma(slot);
                 }
             }
             Quiesce::All => {
@@ -845,9 +854,14 @@ impl Driver for Shm {
                     }
                 }
                 for slot in std::mem::take(&mut self.revoked_cma) {
-                    self.wait_for_cma(slot);
+                    ended &= self.wait_for_cma(slot);
                 }
             }
+        }
+        if ended {
+            Quiesced::Done
+        } else {
+            Quiesced::Leak
         }
     }
 

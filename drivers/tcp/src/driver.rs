@@ -16,7 +16,7 @@ use nix::sys::socket::{
 use ringfence::{
     Capabilities, Completion, Connect, Driver, DriverContext, DriverEp, DriverError, DriverMemKey,
     DriverRkey, LaneMask, MemDesc, MemKind, NotifyPool, Op, OpKind, PeerLimits, Posted, Quiesce,
-    Sleep, Token, peer_mem,
+    Quiesced, Sleep, Token, peer_mem,
 };
 use ringfence_ring::{AtomicOp, Status};
 use std::collections::VecDeque;
@@ -43,6 +43,11 @@ const MAX_FLUSHES: usize = 64;
 /// Completions handled per `poll` call at most, beyond what fits `out`
 /// (a round stays bounded under a flood of incoming requests).
 const CQES_PER_POLL: usize = 256;
+/// How long the requests of connections closed for a quiesce (shutdown,
+/// then canceled) may take to end before the memory they name is given up
+/// as leaked: a canceled receive may write into its window until its own
+/// completion comes back.
+const CANCEL_WAIT: Duration = Duration::from_secs(10);
 
 /// Builds a request on connection `$conn`'s socket: by its fixed file when
 /// it has one (no descriptor lookup per request), else by its descriptor.
@@ -230,6 +235,19 @@ struct Ep {
     released: bool,
 }
 
+/// A deregistered registration that a connection still reaches: GET
+/// data sent from its window, a PUT whose payload is still arriving into
+/// it (copied from the receive buffers or received straight into it).
+#[derive(Debug, Clone, Copy)]
+struct KeyQuiesce {
+    key: u32,
+    /// The first `quiesce` that found it held: the peer has the timeout
+    /// from then to finish (take the GET data, send the rest of the PUT).
+    since: Instant,
+    /// When the connections still holding it were closed.
+    closed: Option<Instant>,
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Rkey {
     ep: u32,
@@ -275,6 +293,11 @@ pub struct Tcp {
     /// `quiesce(All)` runs: a lane that loses its connection does not open
     /// another.
     tearing_down: bool,
+    /// When `quiesce(All)` was first asked.
+    teardown_since: Option<Instant>,
+    /// Registrations whose `quiesce` answered `Pending` (see
+    /// [`KeyQuiesce`]); their ids are not reused until it is over.
+    quiescing: Vec<KeyQuiesce>,
     notify: Option<Arc<NotifyPool>>,
     /// Scratch: receive buffers to give back.
     recycled: Vec<u16>,
@@ -407,6 +430,8 @@ impl Tcp {
             rearm: Vec::with_capacity(64),
             accept_armed: false,
             tearing_down: false,
+            teardown_since: None,
+            quiescing: Vec::new(),
             notify: None,
             recycled: Vec::with_capacity(usize::from(config.recv_buffers)),
             config,
@@ -1046,9 +1071,9 @@ impl Tcp {
             .build())
         .user_data(uring::user_data(Tag::Direct, slot, conn.generation));
         // SAFETY: `[dst, dst + len)` is the rest of a PUT's range, checked
-        // against a live registration when its header came; the
-        // registration stays until this receive completes: deregistering
-        // it cancels the receive and waits for it (`quiesce`).
+        // against a live registration when its header came; the memory
+        // stays until this receive completes: `quiesce` of a deregistered
+        // window answers `Pending` until it has (or `Leak`).
         if unsafe { self.uring.push(&entry) }.is_ok() {
             conn.flying += 1;
             conn.direct = Direct::Receiving { key: h.key };
@@ -1294,16 +1319,26 @@ impl Tcp {
         n
     }
 
-    /// Cancels everything and waits (bounded) until the kernel holds no
-    /// request that names this driver's memory.
-    fn quiesce_all(&mut self) {
-        self.tearing_down = true;
-        self.send_held_acks();
-        let slots: Vec<u32> = (0..self.conns.len() as u32).collect();
-        for slot in slots {
+    /// Cancels everything; `Done` once the kernel holds no request that
+    /// names this driver's memory (or any memory registered with it).
+    /// Never waits: what was canceled ends through the next asks (which
+    /// take its completions) and the engine's polls between them. Requests
+    /// that have not ended [`CANCEL_WAIT`] after the first ask may still
+    /// write into windows: `Leak`.
+    fn quiesce_all(&mut self) -> Quiesced {
+        let now = Instant::now();
+        let first = self.teardown_since.is_none();
+        let since = *self.teardown_since.get_or_insert(now);
+        if !self.tearing_down {
+            self.tearing_down = true;
+            self.send_held_acks();
+        }
+        self.quiescing.clear();
+        // Every ask: a connection accepted since the last one closes too.
+        for slot in 0..self.conns.len() as u32 {
             self.close_conn(slot, Status::Canceled);
         }
-        if self.accept_armed {
+        if self.accept_armed && first {
             let entry = opcode::AsyncCancel2::new(
                 types::CancelBuilder::fd(types::Fd(self.listener.as_raw_fd())).all(),
             )
@@ -1312,91 +1347,100 @@ impl Tcp {
             // SAFETY: a cancellation names no memory.
             let _ = unsafe { self.uring.push(&entry) };
         }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while self.accept_armed || self.conns.iter().any(Option::is_some) {
-            if Instant::now() > deadline {
-                tracing::error!("tcp: requests still in flight after 10 s of teardown");
-                break;
-            }
-            if self.uring.submit_and_wait().is_err() {
-                break;
-            }
-            while let Some(cqe) = self.uring.next() {
-                self.handle_teardown(&cqe);
-            }
+        if let Err(e) = self.uring.submit() {
+            tracing::debug!(%e, "tcp: io_uring submit failed at teardown");
         }
-    }
-
-    /// Lets every send of GET data straight from registration `key`'s
-    /// window finish, ends every direct receive into it, and waits until
-    /// the kernel has let go of it.
-    fn quiesce_key(&mut self, key: u32) {
-        self.quiesce_windows(key);
-        let receiving = |c: &Option<Box<Conn>>| {
-            c.as_deref()
-                .is_some_and(|c| c.direct == Direct::Receiving { key } && c.flying > 0)
-        };
-        let slots: Vec<u32> = (0..self.conns.len() as u32)
-            .filter(|&s| receiving(&self.conns[s as usize]))
-            .collect();
-        if slots.is_empty() {
-            return;
+        while let Some(cqe) = self.uring.next() {
+            self.handle_teardown(&cqe);
         }
-        for &slot in &slots {
-            tracing::debug!(
-                slot,
-                key,
-                "tcp: window deregistered during a direct receive"
+        if !self.accept_armed && self.conns.iter().all(Option::is_none) {
+            return Quiesced::Done;
+        }
+        if now.duration_since(since) >= CANCEL_WAIT {
+            tracing::error!(
+                "tcp: requests still in flight {CANCEL_WAIT:?} into teardown: the kernel may \
+                 still write registered memory"
             );
-            self.close_conn(slot, Status::Transport);
+            return Quiesced::Leak;
         }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while slots.iter().any(|&s| receiving(&self.conns[s as usize])) {
-            if Instant::now() > deadline || self.uring.submit_and_wait().is_err() {
-                tracing::error!("tcp: a canceled receive did not end");
-                break;
-            }
-            while let Some(cqe) = self.uring.next() {
-                self.handle(&cqe);
-            }
-        }
+        Quiesced::Pending
     }
 
-    /// Waits (bounded) until no connection sends GET data straight from
-    /// registration `key`'s window (none can start: the registration is
-    /// gone). A connection whose peer does not take the data within the
-    /// timeout closes, and its canceled send is waited out.
-    fn quiesce_windows(&mut self, key: u32) {
-        let holding = |c: &Option<Box<Conn>>| {
-            c.as_deref()
-                .is_some_and(|c| c.send.holds_window(key) && (c.flying > 0 || !c.closing))
-        };
-        let mut deadline = Instant::now() + self.config.timeout;
-        let mut closed = false;
-        while self.conns.iter().any(holding) {
-            self.start_sends();
-            let waited = self.uring.submit_and_wait_for(Duration::from_millis(100));
-            if waited.is_ok() {
-                while let Some(cqe) = self.uring.next() {
-                    self.handle(&cqe);
+    /// Whether connection `c` still reaches registration `key`'s window:
+    /// GET data from it is queued or being sent, a PUT's payload is still
+    /// to be written into it (copied from the receive buffers, or about to
+    /// be received straight into it), or a receive straight into it has
+    /// not completed (closed or not).
+    fn holds_key(c: &Conn, key: u32) -> bool {
+        let sending = c.send.holds_window(key) && (c.flying > 0 || !c.closing);
+        let writing = !c.closing
+            && c.serve.write_target().is_some()
+            && c.reader
+                .in_payload()
+                .is_some_and(|(h, _)| h.opcode == Opcode::Put && h.key == key);
+        let receiving = c.direct == Direct::Receiving { key } && c.flying > 0;
+        sending || writing || receiving
+    }
+
+    /// Whether any connection still reaches registration `key`'s window
+    /// ([`Tcp::holds_key`]); it was deregistered already, so no new access
+    /// to it starts. The peer has the timeout from the first ask to finish
+    /// what it started (take its GET data, send the rest of its PUT): until
+    /// then `Pending`. After it, the connections that still hold the window
+    /// close (shutdown, then their requests are canceled), and it is
+    /// `Pending` until those requests have completed, which the engine's
+    /// polls take; `Leak` if they have not [`CANCEL_WAIT`] later (the
+    /// kernel may still write into the window). Never waits.
+    fn quiesce_key(&mut self, key: u32) -> Quiesced {
+        let held = |c: &Option<Box<Conn>>| c.as_deref().is_some_and(|c| Self::holds_key(c, key));
+        let at = self.quiescing.iter().position(|q| q.key == key);
+        if !self.conns.iter().any(held) {
+            if let Some(i) = at {
+                self.quiescing.swap_remove(i);
+            }
+            return Quiesced::Done;
+        }
+        let now = Instant::now();
+        let i = at.unwrap_or_else(|| {
+            self.quiescing.push(KeyQuiesce {
+                key,
+                since: now,
+                closed: None,
+            });
+            self.quiescing.len() - 1
+        });
+        let q = self.quiescing[i];
+        match q.closed {
+            None if now.duration_since(q.since) >= self.config.timeout => {
+                let slots: Vec<u32> = (0..self.conns.len() as u32)
+                    .filter(|&s| held(&self.conns[s as usize]))
+                    .collect();
+                for slot in slots {
+                    tracing::debug!(
+                        slot,
+                        key,
+                        "tcp: a deregistered window's peer did not finish; connection closed"
+                    );
+                    self.close_conn(slot, Status::Transport);
                 }
+                self.quiescing[i].closed = Some(now);
+                // The cancellations go in now; their completions come
+                // through the polls.
+                if let Err(e) = self.uring.submit() {
+                    tracing::debug!(%e, "tcp: io_uring submit failed");
+                }
+                Quiesced::Pending
             }
-            if Instant::now() <= deadline && waited.is_ok() {
-                continue;
+            Some(closed) if now.duration_since(closed) >= CANCEL_WAIT => {
+                tracing::error!(
+                    key,
+                    "tcp: a closed connection's request on a deregistered window did not end: \
+                     the window is leaked"
+                );
+                self.quiescing.swap_remove(i);
+                Quiesced::Leak
             }
-            if closed {
-                tracing::error!(key, "tcp: a canceled send from a window did not end");
-                break;
-            }
-            let slots: Vec<u32> = (0..self.conns.len() as u32)
-                .filter(|&s| holding(&self.conns[s as usize]))
-                .collect();
-            for slot in slots {
-                tracing::debug!(slot, key, "tcp: GET data not taken; connection closed");
-                self.close_conn(slot, Status::Transport);
-            }
-            closed = true;
-            deadline = Instant::now() + Duration::from_secs(10);
+            _ => Quiesced::Pending,
         }
     }
 
@@ -1508,13 +1552,24 @@ impl Tcp {
 }
 
 impl Drop for Tcp {
+    /// Finishes the teardown (the engine asked `quiesce(All)` already,
+    /// unless the driver never served a worker), waiting for the kernel's
+    /// completions, within [`CANCEL_WAIT`] of the first ask.
     fn drop(&mut self) {
-        self.quiesce_all();
-        if self.accept_armed || self.conns.iter().any(Option::is_some) {
-            // The kernel may still write into the receive buffers or read
-            // the send batches: leak them rather than free memory it uses.
-            std::mem::forget(std::mem::take(&mut self.conns));
-            return;
+        loop {
+            match self.quiesce_all() {
+                Quiesced::Done => break,
+                Quiesced::Pending => {
+                    let _ = self.uring.submit_and_wait_for(Duration::from_millis(100));
+                }
+                Quiesced::Leak => {
+                    // The kernel may still write into the receive buffers
+                    // or read the send batches: leak them rather than free
+                    // memory it uses.
+                    std::mem::forget(std::mem::take(&mut self.conns));
+                    return;
+                }
+            }
         }
         // SAFETY: dropped once, here, with nothing in flight.
         unsafe { ManuallyDrop::drop(&mut self.uring) };
@@ -1626,7 +1681,13 @@ impl Driver for Tcp {
             len: mem.len,
             secret: mem.secret,
         };
-        let id = match self.regs.iter().position(Option::is_none) {
+        // An id whose old window a connection may still reach is not
+        // reused: its PUTs and GETs must not be taken for the new one's.
+        let quiescing = &self.quiescing;
+        let free = |(id, r): (usize, &Option<Reg>)| {
+            r.is_none() && !quiescing.iter().any(|q| q.key as usize == id)
+        };
+        let id = match self.regs.iter().enumerate().position(free) {
             Some(id) => id,
             None => {
                 self.regs.push(None);
@@ -1943,13 +2004,14 @@ impl Driver for Tcp {
         }
     }
 
-    fn quiesce(&mut self, scope: Quiesce) {
+    fn quiesce(&mut self, scope: Quiesce) -> Quiesced {
         match scope {
             // Accesses to registered memory happen inside `poll` (copies
-            // out of the receive buffers), except a direct receive into a
-            // window (its connection closes: the stream is mid-payload;
-            // the receive is waited out) and GET data sent from a window
-            // (waited for; closed after the timeout).
+            // out of the receive buffers), but a connection may still
+            // reach a deregistered window: the rest of a PUT's payload
+            // (copied, or received straight into it) and GET data sent
+            // from it. `Pending` while the peer may finish, closed after
+            // the timeout, and `Pending` until the kernel has let go.
             Quiesce::Memory(key) => self.quiesce_key(key.0 as u32),
             Quiesce::All => self.quiesce_all(),
         }

@@ -277,11 +277,6 @@ impl Uring {
         }
     }
 
-    /// Submits and waits for at least one completion (teardown only).
-    pub(crate) fn submit_and_wait(&mut self) -> io::Result<()> {
-        self.ring.submit_and_wait(1).map(drop)
-    }
-
     /// Submits and waits for one completion, or for `timeout` (neither the
     /// timeout nor a signal is an error).
     pub(crate) fn submit_and_wait_for(&mut self, timeout: Duration) -> io::Result<()> {

@@ -330,3 +330,138 @@ fn requests_a_peer_gets_wrong_fail_alone_and_malformed_frames_close_only_their_c
     }
     assert!(w[128..138].iter().all(|&b| b == 0 || b == 0x5a));
 }
+
+/// A large PUT a peer has sent half of when its window is deregistered.
+const BIG: usize = 1 << 20;
+const HALF: usize = BIG / 2;
+
+/// Byte `i` of the large PUT's payload (never zero).
+fn pattern(i: usize) -> u8 {
+    (i % 251) as u8 + 1
+}
+
+/// A target progressed by the test (no core thread) with a 1 s timeout,
+/// its `BIG`-byte window, and a raw peer (on its own thread) that greets,
+/// sends a PUT of the whole window with only its first half, and waits:
+/// told `true` it sends the rest and reports the answer, told `false` it
+/// sends nothing more and reports `None` once the target closed the
+/// connection. The target is progressed until that first half has landed.
+fn half_a_put() -> (
+    Worker,
+    ringfence::RegisteredBuf,
+    std::sync::mpsc::Sender<bool>,
+    std::sync::mpsc::Receiver<Option<Header>>,
+) {
+    let target = Worker::builder()
+        .driver(
+            Tcp::builder()
+                .ignore_env()
+                .timeout(Duration::from_secs(1))
+                .build()
+                .unwrap(),
+        )
+        .ignore_env()
+        .build()
+        .unwrap();
+    let window = target.alloc_registered(BIG).unwrap();
+    let addr = tcp_address(&target);
+    let packed = target.pack_rkey(window.handle()).unwrap();
+    let key = tcp_key(&packed, window.addr(), BIG as u64);
+    let put = Header {
+        len: BIG as u32,
+        seq: 1,
+        key: key.key,
+        secret: key.secret,
+        addr: window.addr(),
+        ..Header::new(Opcode::Put, 0)
+    };
+    let payload: Vec<u8> = (0..BIG).map(pattern).collect();
+    let (go, told) = std::sync::mpsc::channel::<bool>();
+    let (answer, answered) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut raw = Raw::connect(&addr);
+        raw.hello(addr.instance);
+        raw.send(&put, &payload[..HALF]);
+        if told.recv().unwrap() {
+            raw.s.write_all(&payload[HALF..]).unwrap();
+            let _ = answer.send(raw.answer());
+        } else {
+            raw.expect_closed();
+            let _ = answer.send(None);
+        }
+    });
+    let deadline = Instant::now() + HANG;
+    let last = |w: &ringfence::RegisteredBuf| {
+        let mut b = [0u8];
+        w.read(HALF - 1, &mut b);
+        b[0]
+    };
+    while last(&window) == 0 {
+        target.progress();
+        assert!(Instant::now() < deadline, "the first half never landed");
+        std::thread::yield_now();
+    }
+    (target, window, go, answered)
+}
+
+/// The window of a PUT whose payload is still arriving (received straight
+/// into it) is deregistered: the deregistration returns, and the worker
+/// keeps the memory while the receive can still write; the rest of the
+/// payload lands, the PUT succeeds, and only then is the memory released.
+#[test]
+fn a_window_deregistered_inside_a_put_is_kept_until_the_put_ends() {
+    let (target, window, go, answered) = half_a_put();
+    target.deregister(window.handle()).unwrap();
+    assert_eq!(
+        target.unreleased_memory().pending,
+        1,
+        "released while the PUT's receive can still write into it"
+    );
+    go.send(true).unwrap();
+    let deadline = Instant::now() + HANG;
+    let ack = loop {
+        target.progress();
+        if let Ok(a) = answered.try_recv() {
+            break a.expect("an answer");
+        }
+        assert!(Instant::now() < deadline, "the PUT never ended");
+        std::thread::yield_now();
+    };
+    assert_eq!(
+        (ack.opcode, ack.seq, ack.result()),
+        (Opcode::Ack, 1, Ok(()))
+    );
+    while target.unreleased_memory().pending > 0 {
+        target.progress();
+        assert!(Instant::now() < deadline, "never released");
+        std::thread::yield_now();
+    }
+    assert_eq!(target.unreleased_memory().leaked, 0);
+    let mut got = vec![0u8; BIG];
+    window.read(0, &mut got);
+    assert!(got.iter().enumerate().all(|(i, &b)| b == pattern(i)));
+}
+
+/// The same, with a peer that stops: it never sends the rest (nor reads).
+/// The worker keeps the memory while the receive can still write; after
+/// the timeout the connection closes, and the memory is released once
+/// the canceled receive has ended, not before.
+#[test]
+fn a_window_deregistered_under_a_stalled_put_is_kept_until_its_receive_ended() {
+    let (target, window, go, answered) = half_a_put();
+    target.deregister(window.handle()).unwrap();
+    assert_eq!(
+        target.unreleased_memory().pending,
+        1,
+        "released while the PUT's receive can still write into it"
+    );
+    go.send(false).unwrap();
+    let deadline = Instant::now() + HANG;
+    while target.unreleased_memory().pending > 0 {
+        target.progress();
+        assert!(Instant::now() < deadline, "never released");
+        std::thread::yield_now();
+    }
+    assert_eq!(target.unreleased_memory().leaked, 0);
+    assert_eq!(answered.recv_timeout(HANG).unwrap(), None, "closed");
+}
