@@ -15,7 +15,13 @@
 //!   of a lane, and `NoResource` back-pressure for the next N posts;
 //! - lane generation bumps (the lane is "replaced"): what is held on the
 //!   old channel is no longer ordered with what is posted on the new one,
-//!   as with two connections, though a flush still waits for both;
+//!   as with two connections, though a flush still waits for both; or
+//!   what was held on the old channel is lost with it
+//!   ([`Fails::Lost`]);
+//! - an endpoint killed by one operation's error, as an RC queue pair's
+//!   is: that completion names the endpoint's cause
+//!   ([`Fails::Endpoint`]), and everything held or posted on it after
+//!   is flushed as lost;
 //! - blocked flushes (held until unblocked), duplicated flush completions
 //!   and injected stray completions, as a network with lane replacement
 //!   can produce.
@@ -36,7 +42,7 @@
 use crate::DriverMemory;
 use crate::driver::{
     Capabilities, Completion, Connect, DirectPath, Driver, DriverContext, DriverEp, DriverError,
-    DriverMemKey, DriverRkey, LaneMask, MAX_LANES, MemDesc, Op, OpKind, PeerLimits, Posted,
+    DriverMemKey, DriverRkey, Fails, LaneMask, MAX_LANES, MemDesc, Op, OpKind, PeerLimits, Posted,
     Quiesce, Quiesced, Sleep, Token,
 };
 use crate::memory::MemKind;
@@ -111,6 +117,14 @@ struct Program {
     duplicate_flushes: u32,
     /// Completions to return at the next poll.
     strays: Vec<Completion>,
+    /// Kill the endpoint of the post whose number is the first field: it
+    /// fails with the second status, the endpoint with the third.
+    kills: Vec<(u64, Status, Status)>,
+    /// Lanes replaced with their old channel lost, with the generation
+    /// they had: what the injector holds there is lost at the next poll.
+    lost_lanes: Vec<(DriverEp, u8, u32)>,
+    /// Endpoints whose held flushes are lost at the next poll.
+    lost_flushes: Vec<DriverEp>,
 }
 
 impl Program {
@@ -190,6 +204,36 @@ impl FaultHandle {
     /// Replaces `lane` of `ep` (bumps its generation), at once.
     pub fn bump_generation(&self, ep: DriverEp, lane: u8) {
         *self.program().generations.entry((ep.0, lane)).or_insert(0) += 1;
+    }
+
+    /// Replaces `lane` of `ep` as [`bump_generation`](Self::bump_generation)
+    /// does, and loses what its old channel holds: each held operation
+    /// completes at the next poll with [`Status::Canceled`] as
+    /// [`Fails::Lost`], unexecuted (held flushes still wait for the rest).
+    pub fn replace_lane_losing(&self, ep: DriverEp, lane: u8) {
+        let mut p = self.program();
+        let generation = p.generations.entry((ep.0, lane)).or_insert(0);
+        let old = *generation;
+        *generation += 1;
+        p.lost_lanes.push((ep, lane, old));
+    }
+
+    /// Loses the flushes held on `ep` now: each completes at the next poll
+    /// with [`Status::Canceled`] as [`Fails::Lost`] (lost with a replaced
+    /// lane, while the endpoint is up).
+    pub fn lose_held_flushes(&self, ep: DriverEp) {
+        self.program().lost_flushes.push(ep);
+    }
+
+    /// Post number `n` (0-based, over all posts) kills its endpoint, as an
+    /// error kills an RC queue pair: it is held until the next poll (even
+    /// under `Timing::Synchronous`) and completes with `status`, naming
+    /// `cause` as the endpoint's ([`Fails::Endpoint`]); then everything
+    /// held on that endpoint, and everything posted or flushed on it until
+    /// it is disconnected, completes with [`Status::Canceled`] as
+    /// [`Fails::Lost`], unexecuted.
+    pub fn kill_endpoint_on_post(&self, n: u64, status: Status, cause: Status) {
+        self.program().kills.push((n, status, cause));
     }
 
     /// The operations that took effect so far, in order.
@@ -274,7 +318,7 @@ impl FaultHandle {
     /// though nothing was posted with it (the engine should count it as
     /// stray).
     pub fn stray_flush_completion(&self, token: Token, result: Result<u32, Status>) {
-        self.program().strays.push(Completion { token, result });
+        self.program().strays.push(Completion::new(token, result));
     }
 
     /// Posts and flushes held now: not yet handed to the inner driver nor
@@ -297,6 +341,8 @@ struct Held {
     due: Instant,
     /// An injected failure: completes with it instead of executing.
     fail: Option<Status>,
+    /// With `fail`: the endpoint dies, with this cause.
+    kill: Option<Status>,
     /// The lane's generation when it was posted: its channel. Channels of
     /// one lane are not ordered with each other.
     generation: u32,
@@ -327,6 +373,9 @@ pub struct FaultInjector<D: Driver> {
     held: Vec<Vec<VecDeque<Held>>>,
     flushes: VecDeque<HeldFlush>,
     ready: VecDeque<Completion>,
+    /// Endpoint handles killed (`kill_endpoint_on_post`), until
+    /// disconnected.
+    dead: Vec<u32>,
     /// Copies of duplicated flush completions, by the poll that returns
     /// them (in order).
     late: VecDeque<(u64, Completion)>,
@@ -366,6 +415,9 @@ impl<D: Driver> FaultInjector<D> {
             flushes_blocked: false,
             duplicate_flushes: 0,
             strays: Vec::new(),
+            kills: Vec::new(),
+            lost_lanes: Vec::new(),
+            lost_flushes: Vec::new(),
         }));
         let injector = FaultInjector {
             inner,
@@ -375,6 +427,7 @@ impl<D: Driver> FaultInjector<D> {
             held: Vec::new(),
             flushes: VecDeque::new(),
             ready: VecDeque::new(),
+            dead: Vec::new(),
             late: VecDeque::new(),
             posts: 0,
             flush_count: 0,
@@ -503,10 +556,7 @@ impl<D: Driver> FaultInjector<D> {
                     Posted::NoResource => Err(Status::NoResource),
                 },
             };
-            let c = Completion {
-                token: f.token,
-                result,
-            };
+            let c = Completion::new(f.token, result);
             self.flush_completed(c);
             out[*n] = c;
             *n += 1;
@@ -516,9 +566,13 @@ impl<D: Driver> FaultInjector<D> {
     /// Executes one held operation at the inner driver; logs it on success.
     fn execute(&mut self, ep: DriverEp, held: Held) -> Option<Completion> {
         if let Some(status) = held.fail {
-            return Some(Completion {
-                token: held.token,
-                result: Err(status),
+            let c = Completion::new(held.token, Err(status));
+            return Some(match held.kill {
+                Some(cause) => {
+                    self.dead.push(ep.0);
+                    c.failing(Fails::Endpoint(cause))
+                }
+                None => c,
             });
         }
         // SAFETY: `held.op` came through `post`, whose caller keeps its
@@ -528,17 +582,74 @@ impl<D: Driver> FaultInjector<D> {
                 if result.is_ok() {
                     self.log(ep, &held.op);
                 }
-                Some(Completion {
-                    token: held.token,
-                    result,
-                })
+                Some(Completion::new(held.token, result))
             }
             Posted::InFlight => None,
-            Posted::NoResource => Some(Completion {
-                token: held.token,
-                result: Err(Status::NoResource),
-            }),
+            Posted::NoResource => Some(Completion::new(held.token, Err(Status::NoResource))),
         }
+    }
+
+    /// On an endpoint killed by `kill_endpoint_on_post`, a post or flush
+    /// with `token` is lost: it completes at the next poll. Whether it was.
+    fn lost_to_dead(&mut self, ep: DriverEp, token: Token) -> bool {
+        if self.dead.is_empty() || !self.dead.contains(&ep.0) {
+            return false;
+        }
+        self.ready
+            .push_back(Completion::new(token, Err(Status::Canceled)).failing(Fails::Lost));
+        true
+    }
+
+    /// Loses everything held on killed endpoints: it completes, lost, at
+    /// the next poll.
+    fn lose_dead(&mut self) {
+        let lost = |token| Completion::new(token, Err(Status::Canceled)).failing(Fails::Lost);
+        for &ep in &self.dead {
+            if let Some(lanes) = self.held.get_mut(ep as usize) {
+                for queue in lanes.iter_mut() {
+                    self.ready.extend(queue.drain(..).map(|h| lost(h.token)));
+                }
+            }
+        }
+        let dead = &self.dead;
+        let (gone, kept): (Vec<_>, Vec<_>) =
+            self.flushes.drain(..).partition(|f| dead.contains(&f.ep.0));
+        self.flushes = kept.into();
+        self.ready.extend(gone.into_iter().map(|f| lost(f.token)));
+        self.recount_held();
+    }
+
+    /// Loses what the old channels of replaced lanes hold
+    /// (`replace_lane_losing`): it completes, lost, at this poll.
+    fn lose_lanes(&mut self, (lanes, flushes): (Vec<(DriverEp, u8, u32)>, Vec<DriverEp>)) {
+        for ep in flushes {
+            let (gone, kept): (Vec<_>, Vec<_>) = self.flushes.drain(..).partition(|f| f.ep == ep);
+            self.flushes = kept.into();
+            self.ready.extend(
+                gone.into_iter()
+                    .map(|f| Completion::new(f.token, Err(Status::Canceled)).failing(Fails::Lost)),
+            );
+        }
+        for (ep, lane, old) in lanes {
+            let Some(queue) = self
+                .held
+                .get_mut(ep.0 as usize)
+                .and_then(|l| l.get_mut(usize::from(lane)))
+            else {
+                continue;
+            };
+            let ready = &mut self.ready;
+            queue.retain(|h| {
+                let on_old = h.generation <= old;
+                if on_old {
+                    ready.push_back(
+                        Completion::new(h.token, Err(Status::Canceled)).failing(Fails::Lost),
+                    );
+                }
+                !on_old
+            });
+        }
+        self.recount_held();
     }
 
     fn log(&self, ep: DriverEp, op: &Op) {
@@ -587,6 +698,10 @@ impl<D: Driver> FaultInjector<D> {
         n: &mut usize,
     ) {
         while *n < out.len() {
+            if !self.dead.is_empty() && self.dead.contains(&(ep as u32)) {
+                // Killed: what it holds is lost (`lose_dead`), not run.
+                break;
+            }
             let queue = &self.held[ep][lane];
             // Eligible: due, and not behind a fence-flagged op (unordered),
             // or simply the head (ordered).
@@ -674,20 +789,22 @@ impl<D: Driver> Driver for FaultInjector<D> {
     }
 
     fn disconnect(&mut self, ep: DriverEp) {
+        self.dead.retain(|&d| d != ep.0);
         if let Some(lanes) = self.held.get_mut(ep.0 as usize) {
             for queue in lanes.iter_mut() {
-                self.ready.extend(queue.drain(..).map(|h| Completion {
-                    token: h.token,
-                    result: Err(Status::Canceled),
-                }));
+                self.ready.extend(
+                    queue
+                        .drain(..)
+                        .map(|h| Completion::new(h.token, Err(Status::Canceled))),
+                );
             }
         }
         let (gone, kept): (Vec<_>, Vec<_>) = self.flushes.drain(..).partition(|f| f.ep == ep);
         self.flushes = kept.into();
-        self.ready.extend(gone.into_iter().map(|f| Completion {
-            token: f.token,
-            result: Err(Status::Canceled),
-        }));
+        self.ready.extend(
+            gone.into_iter()
+                .map(|f| Completion::new(f.token, Err(Status::Canceled))),
+        );
         self.recount_held();
         self.inner.disconnect(ep);
     }
@@ -709,17 +826,32 @@ impl<D: Driver> Driver for FaultInjector<D> {
     }
 
     unsafe fn post(&mut self, ep: DriverEp, op: &Op, token: Token) -> Posted {
-        let (timing, fail, generation) = {
+        if self.lost_to_dead(ep, token) {
+            return Posted::InFlight;
+        }
+        let (timing, fail, kill, generation) = {
             let mut p = self.program();
             if p.no_resource > 0 {
                 p.no_resource -= 1;
                 return Posted::NoResource;
             }
-            let fail = p.take_post_failure(self.posts, op.lane);
-            (p.lane_timing(op.lane), fail, p.generation(ep, op.lane))
+            let n = self.posts;
+            let (fail, kill) = match p.kills.iter().position(|k| k.0 == n) {
+                Some(i) => {
+                    let (_, status, cause) = p.kills.remove(i);
+                    (Some(status), Some(cause))
+                }
+                None => (p.take_post_failure(n, op.lane), None),
+            };
+            (
+                p.lane_timing(op.lane),
+                fail,
+                kill,
+                p.generation(ep, op.lane),
+            )
         };
         self.posts += 1;
-        if timing == Timing::Synchronous && self.lane_idle(ep, op.lane) {
+        if timing == Timing::Synchronous && kill.is_none() && self.lane_idle(ep, op.lane) {
             if let Some(status) = fail {
                 return Posted::Done(Err(status));
             }
@@ -748,6 +880,7 @@ impl<D: Driver> Driver for FaultInjector<D> {
             release_at,
             due,
             fail,
+            kill,
             generation,
         });
         self.held_posts += 1;
@@ -756,6 +889,9 @@ impl<D: Driver> Driver for FaultInjector<D> {
     }
 
     fn flush(&mut self, ep: DriverEp, lanes: LaneMask, token: Token) -> Posted {
+        if self.lost_to_dead(ep, token) {
+            return Posted::InFlight;
+        }
         let (timing, fail, blocked) = {
             let mut p = self.program();
             p.flush_log.push((ep, lanes));
@@ -771,7 +907,7 @@ impl<D: Driver> Driver for FaultInjector<D> {
                 None => self.inner.flush(ep, lanes, token),
             };
             if let Posted::Done(result) = posted {
-                self.flush_completed(Completion { token, result });
+                self.flush_completed(Completion::new(token, result));
             }
             return posted;
         }
@@ -793,16 +929,25 @@ impl<D: Driver> Driver for FaultInjector<D> {
         self.polls += 1;
         self.now = Instant::now();
         // One lock of the program per poll.
-        let (timing, unordered, flushes_blocked, strays) = {
+        let (timing, unordered, flushes_blocked, strays, lost_lanes) = {
             let mut p = self.program();
             let strays = if p.strays.is_empty() {
                 Vec::new()
             } else {
                 std::mem::take(&mut p.strays)
             };
-            (p.timing, p.unordered, p.flushes_blocked, strays)
+            let lost = std::mem::take(&mut p.lost_lanes);
+            let lost_flushes = std::mem::take(&mut p.lost_flushes);
+            (
+                p.timing,
+                p.unordered,
+                p.flushes_blocked,
+                strays,
+                (lost, lost_flushes),
+            )
         };
         self.inject(strays);
+        self.lose_lanes(lost_lanes);
         let mut n = crate::driver::drain_completions(&mut self.ready, out);
         n += self.inner.poll(&mut out[n..]);
         let eps = self.held.len();
@@ -826,6 +971,9 @@ impl<D: Driver> Driver for FaultInjector<D> {
         }
         if !flushes_blocked {
             self.release_flushes(out, &mut n);
+        }
+        if !self.dead.is_empty() {
+            self.lose_dead();
         }
         self.count_held();
         n
@@ -872,21 +1020,19 @@ impl<D: Driver> Driver for FaultInjector<D> {
             for queue in lanes.iter_mut() {
                 queue.retain(|h| {
                     if covered(h) {
-                        self.ready.push_back(Completion {
-                            token: h.token,
-                            result: Err(Status::Canceled),
-                        });
+                        self.ready
+                            .push_back(Completion::new(h.token, Err(Status::Canceled)));
                     }
                     !covered(h)
                 });
             }
         }
         if scope == Quiesce::All {
-            self.ready
-                .extend(self.flushes.drain(..).map(|f| Completion {
-                    token: f.token,
-                    result: Err(Status::Canceled),
-                }));
+            self.ready.extend(
+                self.flushes
+                    .drain(..)
+                    .map(|f| Completion::new(f.token, Err(Status::Canceled))),
+            );
         }
         self.recount_held();
         // Whatever the inner driver answers: this wrapper holds nothing

@@ -119,9 +119,9 @@ pub use checksum::reseal;
 pub use config::Config;
 pub use driver::{
     AtomicDomain, AtomicOps, Capabilities, Completion, Connect, DirectPath, Driver, DriverContext,
-    DriverEp, DriverError, DriverMemKey, DriverMemory, DriverRkey, LaneMask, MAX_LANES, MemDesc,
-    Op, OpKind, PeerLimits, Posted, Quiesce, Quiesced, Sleep, Token, drain_completions,
-    execute_by_post,
+    DriverEp, DriverError, DriverMemKey, DriverMemory, DriverRkey, Fails, LaneMask, MAX_LANES,
+    MemDesc, Op, OpKind, PeerLimits, Posted, Quiesce, Quiesced, Sleep, Token, drain_completions,
+    execute_by_post, fails_endpoint,
 };
 pub use endpoint::{EndpointId, EndpointState, FenceState};
 pub use engine::UnreleasedMemory;

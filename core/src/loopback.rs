@@ -360,16 +360,16 @@ impl Driver for Loopback {
             return;
         };
         for q in conn.lanes {
-            self.ready.extend(q.into_iter().map(|q| Completion {
-                token: q.token,
-                result: Err(Status::Canceled),
-            }));
+            self.ready.extend(
+                q.into_iter()
+                    .map(|q| Completion::new(q.token, Err(Status::Canceled))),
+            );
         }
-        self.ready
-            .extend(conn.flushes.into_iter().map(|f| Completion {
-                token: f.token,
-                result: Err(Status::Canceled),
-            }));
+        self.ready.extend(
+            conn.flushes
+                .into_iter()
+                .map(|f| Completion::new(f.token, Err(Status::Canceled))),
+        );
     }
 
     fn register(&mut self, mem: &MemDesc) -> Result<DriverMemKey, DriverError> {
@@ -525,10 +525,7 @@ impl Driver for Loopback {
                         break;
                     }
                     conn.lanes[lane].pop_front();
-                    out[n] = Completion {
-                        token: q.token,
-                        result,
-                    };
+                    out[n] = Completion::new(q.token, result);
                     n += 1;
                 }
             }
@@ -543,10 +540,7 @@ impl Driver for Loopback {
                     break;
                 }
                 conn.flushes.pop_front();
-                out[n] = Completion {
-                    token: f.token,
-                    result: Ok(0),
-                };
+                out[n] = Completion::new(f.token, Ok(0));
                 n += 1;
             }
         }

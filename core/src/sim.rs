@@ -638,10 +638,8 @@ impl<D: Driver> SimDriver<D> {
 
     /// Completes `token` with `Canceled` from the next poll.
     fn cancel(&mut self, token: Token) {
-        self.ready.push_back(Completion {
-            token,
-            result: Err(Status::Canceled),
-        });
+        self.ready
+            .push_back(Completion::new(token, Err(Status::Canceled)));
         self.state().stats.canceled += 1;
     }
 
@@ -754,10 +752,7 @@ impl<D: Driver> SimDriver<D> {
     #[allow(unsafe_code)] // forwards the unsafe `post`
     fn execute(&mut self, ep: DriverEp, held: Held) -> Result<Option<Completion>, Held> {
         if !self.check_execution(ep, &held) {
-            return Ok(Some(Completion {
-                token: held.token,
-                result: Err(Status::AccessDenied),
-            }));
+            return Ok(Some(Completion::new(held.token, Err(Status::AccessDenied))));
         }
         // SAFETY: `held.op` came through our `post`, whose caller keeps its
         // local memory allocated and registered until its completion is
@@ -777,10 +772,7 @@ impl<D: Driver> SimDriver<D> {
                         fence: held.op.fence,
                     });
                 }
-                Ok(Some(Completion {
-                    token: held.token,
-                    result,
-                }))
+                Ok(Some(Completion::new(held.token, result)))
             }
             Posted::InFlight => Ok(None),
             Posted::NoResource => {
@@ -871,10 +863,7 @@ impl<D: Driver> SimDriver<D> {
             match self.inner.flush(f.ep, f.lanes, f.token) {
                 Posted::Done(result) => {
                     self.flushes.remove(i);
-                    out[*n] = Completion {
-                        token: f.token,
-                        result,
-                    };
+                    out[*n] = Completion::new(f.token, result);
                     *n += 1;
                 }
                 // The inner driver completes it through its own poll.
@@ -913,10 +902,7 @@ impl<D: Driver> SimDriver<D> {
                 self.inner.disconnect(h.ep);
             }
             self.state().events.push(SimEvent::Connected(h.ep, result));
-            out[*n] = Completion {
-                token: h.token,
-                result,
-            };
+            out[*n] = Completion::new(h.token, result);
             *n += 1;
         }
     }

@@ -694,13 +694,7 @@ fn the_driver_executes_nothing_before_commit_and_effects_land_at_completion() {
     assert_eq!(b.sim.poll(&mut out), 0);
     assert_eq!(word(&b, 0), 0, "landed before its completion");
     assert_eq!(b.sim.poll(&mut out), 1);
-    assert_eq!(
-        out[0],
-        Completion {
-            token: Token(1),
-            result: Ok(8)
-        }
-    );
+    assert_eq!(out[0], Completion::new(Token(1), Ok(8)));
     assert_eq!(word(&b, 0), 0xfeed);
     assert_eq!(b.handle.stats().executed_uncommitted, 0);
 }
@@ -811,13 +805,7 @@ fn the_wake_descriptor_follows_what_is_due() {
     assert_eq!(b.sim.quiesce(Quiesce::All), Quiesced::Done);
     assert!(fd_readable(&b, wait));
     assert_eq!(b.sim.poll(&mut out), 1);
-    assert_eq!(
-        out[0],
-        Completion {
-            token: Token(2),
-            result: Err(Status::Canceled)
-        }
-    );
+    assert_eq!(out[0], Completion::new(Token(2), Err(Status::Canceled)));
     assert!(!fd_readable(&b, 0));
     assert_eq!(word(&b, 8), 0, "a canceled PUT never lands");
     assert!(
@@ -906,13 +894,7 @@ fn a_failed_handshake_completes_through_poll_with_its_token() {
     assert_eq!(sim.poll(&mut out), 0);
     assert_eq!(sim.poll(&mut out), 0);
     assert_eq!(sim.poll(&mut out), 1);
-    assert_eq!(
-        out[0],
-        Completion {
-            token: Token(9),
-            result: Err(Status::Timeout)
-        }
-    );
+    assert_eq!(out[0], Completion::new(Token(9), Err(Status::Timeout)));
     // The next connect is not programmed to fail.
     let Ok(Connect::InFlight(_)) = sim.connect(&target.address(), 1, Token(10)) else {
         panic!("in flight");

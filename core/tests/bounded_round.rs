@@ -60,10 +60,7 @@ impl Driver for Flood {
         self.polls += 1;
         let n = self.inner.poll(out);
         for slot in &mut out[n..] {
-            *slot = Completion {
-                token: Token::NONE,
-                result: Ok(0),
-            };
+            *slot = Completion::new(Token::NONE, Ok(0));
         }
         out.len()
     }

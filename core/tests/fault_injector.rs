@@ -399,20 +399,14 @@ fn driver() -> (FaultInjector<Loopback>, FaultHandle, DriverEp) {
 }
 
 fn poll(injector: &mut FaultInjector<Loopback>) -> Vec<Completion> {
-    let mut out = [Completion {
-        token: Token(0),
-        result: Ok(0),
-    }; 16];
+    let mut out = [Completion::new(Token(0), Ok(0)); 16];
     let n = injector.poll(&mut out);
     out[..n].to_vec()
 }
 
 #[test]
 fn duplicates_come_out_twice_and_strays_at_the_next_poll() {
-    let ok = |token| Completion {
-        token: Token(token),
-        result: Ok(0),
-    };
+    let ok = |token| Completion::new(Token(token), Ok(0));
     // What `flush` answers, then what each poll returns: the copy comes at
     // the second poll after the original.
     let cases: [(Timing, Posted, &[&[Completion]]); 2] = [
@@ -444,10 +438,7 @@ fn duplicates_come_out_twice_and_strays_at_the_next_poll() {
             _ => assert_eq!(later, [], "{timing:?}"),
         }
 
-        let stray = Completion {
-            token: Token(99),
-            result: Err(Status::Transport),
-        };
+        let stray = Completion::new(Token(99), Err(Status::Transport));
         fault.stray_flush_completion(stray.token, stray.result);
         assert_eq!(poll(&mut d), [stray], "{timing:?}");
         assert_eq!(poll(&mut d), [], "{timing:?}");
@@ -477,9 +468,6 @@ fn blocked_flushes_are_held_even_when_synchronous_and_quiesce_cancels_them() {
     assert_eq!(fault.held(), 0);
     assert_eq!(
         poll(&mut d),
-        [Completion {
-            token: Token(3),
-            result: Err(Status::Canceled),
-        }]
+        [Completion::new(Token(3), Err(Status::Canceled))]
     );
 }

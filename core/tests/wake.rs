@@ -254,15 +254,9 @@ fn device_thread(state: &DeviceState) {
                         len as usize,
                     )
                 };
-                Completion {
-                    token,
-                    result: Ok(len),
-                }
+                Completion::new(token, Ok(len))
             }
-            Job::Flush(token) => Completion {
-                token,
-                result: Ok(0),
-            },
+            Job::Flush(token) => Completion::new(token, Ok(0)),
         };
         // Publish, then signal: a poll that clears the eventfd after this
         // push sees the completion; one that cleared it before leaves the
@@ -448,11 +442,9 @@ impl Driver for Device {
         let mut queue = self.state.queue.lock().unwrap();
         if !queue.jobs.is_empty() {
             let mut done = self.state.done.lock().unwrap();
-            done.extend(queue.jobs.drain(..).map(|job| Completion {
-                token: match job {
-                    Job::Copy { token, .. } | Job::Flush(token) => token,
-                },
-                result: Err(Status::Canceled),
+            done.extend(queue.jobs.drain(..).map(|job| {
+                let (Job::Copy { token, .. } | Job::Flush(token)) = job;
+                Completion::new(token, Err(Status::Canceled))
             }));
             let _ = self.state.wake.write(1);
         }

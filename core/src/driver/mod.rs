@@ -337,12 +337,96 @@ pub enum Posted {
 }
 
 /// A finished operation or flush, returned by [`Driver::poll`].
+///
+/// # What the engine tolerates
+/// A completion whose token names nothing in flight now (a second copy
+/// of one already returned, one for an operation or flush the engine has
+/// given up on, a pending connect's after [`Driver::disconnect`]) is
+/// stray: the engine counts it and changes nothing. Tokens carry serials,
+/// so a late completion is never taken for a later request that reuses
+/// its slot. A driver must still return each completion once; the
+/// tolerance is for transports that cannot help it (a replaced lane that
+/// delivers a flush twice).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Completion {
-    /// The token given to `post` or `flush`.
+    /// The token given to `post`, `flush` or `connect`.
     pub token: Token,
     /// `Ok(bytes)` or the failure.
     pub result: Result<u32, Status>,
+    /// What a failure means beyond this operation ([`Fails`]); ignored
+    /// on success and for connects (a failed handshake fails its endpoint
+    /// with its own status).
+    pub fails: Fails,
+}
+
+impl Completion {
+    /// A completion judged by its status ([`Fails::ByStatus`]).
+    pub const fn new(token: Token, result: Result<u32, Status>) -> Completion {
+        Completion {
+            token,
+            result,
+            fails: Fails::ByStatus,
+        }
+    }
+
+    /// The same completion, with what its failure means.
+    pub const fn failing(self, fails: Fails) -> Completion {
+        Completion { fails, ..self }
+    }
+}
+
+/// What a failed [`Completion`] means for its endpoint, beyond its own
+/// operation: the driver says so, because the status alone cannot. An RC
+/// queue pair that sees a remote access error moves to the error state and
+/// flushes every later work request with `IBV_WC_WR_FLUSH_ERR`: the first
+/// completion is the real cause and kills the endpoint though its status
+/// (`AccessDenied`) would not, and the flushed ones are consequences that
+/// must not become the endpoint's error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Fails {
+    /// The engine decides from the status: one that
+    /// [`fails_endpoint`] names fails the endpoint (its sticky error, if
+    /// it is the first), any other only the operation. The default, right
+    /// where each status says what happened to the connection.
+    #[default]
+    ByStatus,
+    /// Only this operation failed, whatever the status: the endpoint goes
+    /// on (the target refused this one access).
+    Operation,
+    /// The endpoint is dead, and this status is why: it fails with it as
+    /// its sticky error (unless it failed already: the first cause stays).
+    /// The operation completes with its own `result`. A lane that fails
+    /// and is not replaced is its endpoint failing: the engine cannot move
+    /// a lane's work elsewhere.
+    Endpoint(Status),
+    /// Lost to an earlier failure rather than failed for a cause of its
+    /// own: flushed by the transport after its endpoint failed, or dropped
+    /// with a lane the driver replaced by a new generation
+    /// ([`Driver::lane_generation`] already answers the new one). On an
+    /// endpoint that failed it completes with the endpoint's sticky error;
+    /// on one that is still up (the lane was replaced), the operation
+    /// completes with its own `result` and the endpoint goes on, and a
+    /// fence flush lost that way is started again over every lane (R38).
+    /// Never fails the endpoint, never becomes its error.
+    Lost,
+}
+
+/// Whether a failure with `status`, judged by its status alone
+/// ([`Fails::ByStatus`], and every [`Posted::Done`] error), fails the
+/// whole endpoint rather than only the operation: the connection is gone
+/// ([`Status::Transport`], [`Status::PeerUnreachable`],
+/// [`Status::Timeout`], [`Status::EndpointClosed`]), or the operation was
+/// canceled under it ([`Status::Canceled`]). A failed fence flush fails
+/// its endpoint whatever its status (its epoch cannot advance).
+pub const fn fails_endpoint(status: Status) -> bool {
+    matches!(
+        status,
+        Status::Transport
+            | Status::PeerUnreachable
+            | Status::Timeout
+            | Status::EndpointClosed
+            | Status::Canceled
+    )
 }
 
 /// Moves completions from `queue` into `out`; returns how many. For
@@ -360,10 +444,7 @@ pub fn drain_completions(
 
 impl Default for Completion {
     fn default() -> Self {
-        Completion {
-            token: Token(0),
-            result: Ok(0),
-        }
+        Completion::new(Token(0), Ok(0))
     }
 }
 
@@ -546,7 +627,12 @@ pub trait Driver: Send + fmt::Debug + 'static {
 
     /// Releases a connection (up or still connecting). Operations and
     /// flushes still in flight on it complete (with an error if they cannot
-    /// finish) through `poll`; so does a pending connect.
+    /// finish, [`Status::Canceled`] if never started) through `poll`; so
+    /// does a pending connect, with [`Status::Canceled`]. The engine has
+    /// given up on that connect attempt (its completion is stray: see
+    /// [`Completion`]), but each operation's completion still completes its
+    /// request: on an endpoint that failed, report them as [`Fails::Lost`]
+    /// so that they carry its first cause.
     fn disconnect(&mut self, ep: DriverEp);
 
     /// Registers memory for local use and remote access. Called only for

@@ -28,6 +28,14 @@ impl Engine {
 
     /// Applies completion `c`, which driver `d` returned.
     pub(super) fn on_completion(&mut self, d: usize, c: Completion) {
+        if c.result.is_err() {
+            self.verdict = c.fails;
+        }
+        self.apply(d, c);
+        self.verdict = Fails::ByStatus;
+    }
+
+    fn apply(&mut self, d: usize, c: Completion) {
         match Named::of(c.token) {
             Named::Request(id) => self.request_done(d, id, None, c.result),
             Named::Flush { id, serial } => self.request_done(d, id, Some(serial), c.result),
@@ -42,6 +50,35 @@ impl Engine {
                 flush,
                 serial,
             } => self.worker_part_done(d, endpoint, flush, serial, c.result),
+        }
+    }
+
+    /// The status a failure with `status`, from the completion being
+    /// applied, fails its endpoint with, if it does ([`Fails`]).
+    pub(super) fn endpoint_failure(&self, status: Status) -> Option<Status> {
+        match self.verdict {
+            Fails::ByStatus => is_fatal(status).then_some(status),
+            Fails::Operation | Fails::Lost => None,
+            Fails::Endpoint(cause) => Some(cause),
+        }
+    }
+
+    /// Whether the completion being applied was lost to an earlier
+    /// failure ([`Fails::Lost`]) while endpoint `e` is still up: its lane
+    /// was replaced.
+    pub(super) fn lost_on_replaced_lane(&self, e: usize) -> bool {
+        self.verdict == Fails::Lost && self.endpoints[e].state != EpState::Failed
+    }
+
+    /// The result a completion with `result` gives its operation on
+    /// endpoint `e`: one lost to the endpoint's failure completes with the
+    /// endpoint's sticky error, the first real cause (R32).
+    pub(super) fn own_result(&self, e: usize, result: Result<u32, Status>) -> Result<u32, Status> {
+        let ep = &self.endpoints[e];
+        if result.is_err() && self.verdict == Fails::Lost && ep.state == EpState::Failed {
+            Err(ep.error())
+        } else {
+            result
         }
     }
 
@@ -63,6 +100,10 @@ impl Engine {
         } else {
             result
         };
+        if self.endpoints[e].state == EpState::Failed {
+            // A part said the endpoint is dead (`split_part_done`).
+            return;
+        }
         // Only the flushed subset leaves D: `dirty` already holds just
         // the lanes written since the flush started (R17, W2).
         self.fence_flush_done(e, result);
@@ -96,7 +137,7 @@ impl Engine {
         }
         let request = *self.request(id);
         let e = request.endpoint as usize;
-        let mut result = result;
+        let mut result = self.own_result(e, result);
         if self.endpoints[e].has(MIXED) && matches!(request.opcode(), Opcode::FLUSH | Opcode::CLOSE)
         {
             // One part of a flush split over the endpoint's drivers.
@@ -127,10 +168,11 @@ impl Engine {
             return self.complete(id, status);
         }
         self.complete(id, result);
-        if let Err(status) = result {
-            if is_fatal(status) {
-                self.fail_endpoint(e, status);
-            }
+        if let Some(cause) = result
+            .err()
+            .and_then(|status| self.endpoint_failure(status))
+        {
+            self.fail_endpoint(e, cause);
         }
     }
 

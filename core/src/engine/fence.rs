@@ -499,14 +499,21 @@ impl Engine {
         let ep = &mut self.endpoints[e];
         let (target, flushed) = (ep.full_epoch(ep.fence_target), ep.flushing);
         ep.flushing = 0;
-        if let Err(status) = result {
-            return self.fail_endpoint(e, status);
+        // Lost with a replaced lane (Fails::Lost on a live endpoint): flush
+        // again, over every lane (R38), rather than fail.
+        let lost = result.is_err() && self.lost_on_replaced_lane(e);
+        if let (Err(status), false) = (result, lost) {
+            // A fence flush that fails fails its endpoint, whatever the
+            // status; with the cause the driver named, if it named one.
+            let cause = self.endpoint_failure(status).unwrap_or(status);
+            return self.fail_endpoint(e, cause);
         }
         let ep = &self.endpoints[e];
-        let replaced = (0..ep.lanes).any(|lane| {
-            flushed & (1 << lane) != 0
-                && self.lane_generation(e, lane) != self.cold[e].flush_generation[lane as usize]
-        });
+        let replaced = lost
+            || (0..ep.lanes).any(|lane| {
+                flushed & (1 << lane) != 0
+                    && self.lane_generation(e, lane) != self.cold[e].flush_generation[lane as usize]
+            });
         let ep = &mut self.endpoints[e];
         if replaced {
             tracing::debug!(

@@ -240,7 +240,17 @@ impl Engine {
     ) -> Option<Result<u32, Status>> {
         match self.part_done(d, e, request, result) {
             Part::Done(result) => Some(result),
-            Part::Waiting => None,
+            Part::Waiting => {
+                // A part that names its endpoint dead fails it now, not
+                // when the other drivers' parts come back: they may be
+                // behind a peer that will never answer.
+                if let Fails::Endpoint(cause) = self.verdict {
+                    if result.is_err() {
+                        self.fail_endpoint(e, cause);
+                    }
+                }
+                None
+            }
             Part::Stray => {
                 self.stray_completions += 1;
                 None

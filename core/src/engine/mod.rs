@@ -50,8 +50,8 @@
 
 use crate::config::Config;
 use crate::driver::{
-    Completion, Connect, Driver, DriverContext, DriverError, DriverMemKey, DriverRkey, LaneMask,
-    Op, OpKind, Posted, Quiesce, Quiesced, Sleep, Token,
+    Completion, Connect, Driver, DriverContext, DriverError, DriverMemKey, DriverRkey, Fails,
+    LaneMask, Op, OpKind, Posted, Quiesce, Quiesced, Sleep, Token,
 };
 use crate::endpoint::{
     CONNECTING, Endpoint, EndpointCold, EpState, FlushParts, LaneGroup, MIXED, NO_LANE, NOT_DIRECT,
@@ -115,16 +115,10 @@ pub use release::UnreleasedMemory;
 use token::Named;
 
 /// Whether an error fails the whole endpoint (the connection is unusable)
-/// rather than only the operation (the target refused this access).
+/// rather than only the operation (the target refused this access), by
+/// its status alone: the documented rule of the seam.
 pub(super) fn is_fatal(status: Status) -> bool {
-    matches!(
-        status,
-        Status::Transport
-            | Status::PeerUnreachable
-            | Status::Timeout
-            | Status::EndpointClosed
-            | Status::Canceled
-    )
+    crate::driver::fails_endpoint(status)
 }
 
 /// `a ≤ b` for 32-bit epoch snapshots (wrapping).
@@ -185,6 +179,10 @@ pub(crate) struct Engine {
     /// Completions whose token matched nothing in flight (a driver bug,
     /// or a late or duplicated flush completion).
     pub(crate) stray_completions: u64,
+    /// What the driver completion being applied says its failure means
+    /// ([`Fails`]); [`Fails::ByStatus`] outside [`Engine::on_completion`],
+    /// so that failures the engine itself produces are judged by status.
+    verdict: Fails,
     /// The serial of the last user flush started ([`Named::Flush`]).
     flush_serial: u32,
     /// The serial of the last worker flush taken ([`Named::WorkerPart`]).
@@ -241,6 +239,7 @@ impl Engine {
             run_results: vec![Ok(0); INTAKE_BATCH].into_boxed_slice(),
             stats: Stats::default(),
             stray_completions: 0,
+            verdict: Fails::ByStatus,
             flush_serial: 0,
             worker_flush_serial: 0,
             connect_attempts: 0,

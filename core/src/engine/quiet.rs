@@ -246,6 +246,7 @@ impl Engine {
             self.stray_completions += 1;
             return;
         };
+        let result = self.own_result(e, result);
         let result = if self.endpoints[e].has(MIXED) {
             let Some(all) = self.split_part_done(d, e, Some(flush.0), result) else {
                 return;
@@ -270,10 +271,11 @@ impl Engine {
         let flush = RequestId(part.flush);
         self.note_part_result(e, flush, result);
         self.part_finished(flush);
-        if let Err(status) = result {
-            if is_fatal(status) {
-                self.fail_endpoint(e, status);
-            }
+        if let Some(cause) = result
+            .err()
+            .and_then(|status| self.endpoint_failure(status))
+        {
+            self.fail_endpoint(e, cause);
         }
     }
 

@@ -831,10 +831,7 @@ impl Tcp {
             return;
         }
         if let EpState::Connecting(token) = ep.state {
-            self.ready.push_back(Completion {
-                token,
-                result: Err(status),
-            });
+            self.ready.push_back(Completion::new(token, Err(status)));
         }
         tracing::debug!(ep = e, %status, "tcp endpoint failed");
         ep.state = EpState::Failed(status);
@@ -1266,10 +1263,7 @@ impl Tcp {
             if let EpState::Connecting(token) = ep.state {
                 if ep.lanes.iter().all(|l| l.up) {
                     ep.state = EpState::Up;
-                    self.ready.push_back(Completion {
-                        token,
-                        result: Ok(0),
-                    });
+                    self.ready.push_back(Completion::new(token, Ok(0)));
                 }
             }
             let failed = match ep.state {
@@ -1290,10 +1284,8 @@ impl Tcp {
                     };
                     flush.remaining -= 1;
                     if flush.remaining == 0 {
-                        self.ready.push_back(Completion {
-                            token: flush.token,
-                            result: failed.map_or(Ok(0), Err),
-                        });
+                        self.ready
+                            .push_back(Completion::new(flush.token, failed.map_or(Ok(0), Err)));
                         ep.flushes[f as usize] = None;
                     }
                 }

@@ -144,10 +144,7 @@ impl Lane {
             };
             self.answered -= 1;
             self.head_seq += 1;
-            out[n] = Completion {
-                token: p.token,
-                result: p.result.unwrap_or(Err(Status::Transport)),
-            };
+            out[n] = Completion::new(p.token, p.result.unwrap_or(Err(Status::Transport)));
             n += 1;
         }
         n
