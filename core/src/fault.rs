@@ -825,6 +825,10 @@ impl<D: Driver> Driver for FaultInjector<D> {
         self.inner.unpack_rkey(ep, blob)
     }
 
+    fn release_rkey(&mut self, ep: DriverEp, rkey: DriverRkey) {
+        self.inner.release_rkey(ep, rkey);
+    }
+
     unsafe fn post(&mut self, ep: DriverEp, op: &Op, token: Token) -> Posted {
         if self.lost_to_dead(ep, token) {
             return Posted::InFlight;

@@ -140,6 +140,8 @@ pub struct Loopback {
     node: Arc<Node>,
     conns: Vec<Option<Conn>>,
     rkeys: Vec<RemoteKey>,
+    /// Entries of `rkeys` released, for the next unpacks.
+    free_rkeys: Vec<u32>,
     next_region: u32,
     /// Completions produced outside `poll` (disconnect), returned first.
     ready: VecDeque<Completion>,
@@ -173,6 +175,7 @@ impl Loopback {
             node,
             conns: Vec::new(),
             rkeys: Vec::new(),
+            free_rkeys: Vec::new(),
             next_region: 1,
             ready: VecDeque::new(),
             rotation: 0,
@@ -429,8 +432,21 @@ impl Driver for Loopback {
         if conn.peer.id != node {
             return Err(err(Status::InvalidRkey, "the key belongs to another peer"));
         }
-        self.rkeys.push(RemoteKey { region, secret, ep });
+        let key = RemoteKey { region, secret, ep };
+        if let Some(i) = self.free_rkeys.pop() {
+            self.rkeys[i as usize] = key;
+            return Ok(DriverRkey(i));
+        }
+        self.rkeys.push(key);
         Ok(DriverRkey(self.rkeys.len() as u32 - 1))
+    }
+
+    fn release_rkey(&mut self, ep: DriverEp, rkey: DriverRkey) {
+        if let Some(key) = self.rkeys.get_mut(rkey.0 as usize).filter(|k| k.ep == ep) {
+            // No endpoint has this handle: the entry names nothing now.
+            key.ep = DriverEp(u32::MAX);
+            self.free_rkeys.push(rkey.0);
+        }
     }
 
     unsafe fn post(&mut self, ep: DriverEp, op: &Op, token: Token) -> Posted {

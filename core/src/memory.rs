@@ -240,25 +240,100 @@ pub(crate) struct Rkey {
 /// The most drivers one endpoint can have lanes on.
 pub(crate) const MAX_GROUPS: usize = 4;
 
-/// Unpacked remote keys.
+/// Bits of an [`RkeyId`] that name its slot (plus one: zero is never an
+/// id); the rest is the slot's generation, so that an id released and
+/// reused names the new key only with the new generation.
+const RKEY_SLOT_BITS: u32 = 22;
+const RKEY_SLOT_MASK: u32 = (1 << RKEY_SLOT_BITS) - 1;
+
+/// Unpacked remote keys: slots reused after release, each with a
+/// generation in the ids it hands out.
 #[derive(Debug, Default)]
 pub(crate) struct RkeyTable {
-    keys: Vec<Rkey>,
+    slots: Vec<RkeySlot>,
+    /// Free slots, reused last-released first.
+    free: Vec<u32>,
+}
+
+#[derive(Debug)]
+struct RkeySlot {
+    generation: u32,
+    key: Option<Rkey>,
 }
 
 impl RkeyTable {
+    /// Adds a key.
+    ///
+    /// # Errors
+    /// [`Status::NoResource`] when all 4,194,303 slots are in use.
     pub fn insert(&mut self, key: Rkey) -> Result<RkeyId, Status> {
-        if self.keys.len() >= u32::MAX as usize - 1 {
-            return Err(Status::NoResource);
-        }
-        self.keys.push(key);
-        Ok(RkeyId(self.keys.len() as u32))
+        let slot = match self.free.pop() {
+            Some(slot) => slot,
+            None if self.slots.len() < RKEY_SLOT_MASK as usize => {
+                self.slots.push(RkeySlot {
+                    generation: 0,
+                    key: None,
+                });
+                self.slots.len() as u32 - 1
+            }
+            None => return Err(Status::NoResource),
+        };
+        let s = &mut self.slots[slot as usize];
+        s.key = Some(key);
+        Ok(RkeyId(s.generation << RKEY_SLOT_BITS | (slot + 1)))
+    }
+
+    fn slot(&self, raw: u32) -> Option<(usize, &Rkey)> {
+        let slot = ((raw & RKEY_SLOT_MASK) as usize).checked_sub(1)?;
+        let s = self.slots.get(slot)?;
+        (s.generation == raw >> RKEY_SLOT_BITS)
+            .then_some(())
+            .and(s.key.as_ref())
+            .map(|k| (slot, k))
     }
 
     /// The key for a raw id, if it was unpacked for `endpoint`.
     pub fn get(&self, raw: u32, endpoint: u32) -> Option<&Rkey> {
-        let key = self.keys.get((raw as usize).checked_sub(1)?)?;
+        let (_, key) = self.slot(raw)?;
         (key.endpoint == endpoint).then_some(key)
+    }
+
+    /// The live key a raw id names, whatever its endpoint.
+    pub fn peek(&self, raw: u32) -> Option<&Rkey> {
+        self.slot(raw).map(|(_, k)| k)
+    }
+
+    /// Removes the key a raw id names; the id is stale from now on.
+    pub fn remove(&mut self, raw: u32) -> Option<Rkey> {
+        let (slot, _) = self.slot(raw)?;
+        self.release_slot(slot)
+    }
+
+    fn release_slot(&mut self, slot: usize) -> Option<Rkey> {
+        let s = &mut self.slots[slot];
+        let key = s.key.take()?;
+        s.generation = (s.generation + 1) & (u32::MAX >> RKEY_SLOT_BITS);
+        self.free.push(slot as u32);
+        Some(key)
+    }
+
+    /// Removes every key unpacked for `endpoint` (all of them if `None`).
+    pub fn remove_all(&mut self, endpoint: Option<u32>) -> Vec<Rkey> {
+        (0..self.slots.len())
+            .filter(|&i| {
+                self.slots[i]
+                    .key
+                    .is_some_and(|k| endpoint.is_none_or(|e| k.endpoint == e))
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .filter_map(|i| self.release_slot(i))
+            .collect()
+    }
+
+    /// How many keys are live.
+    pub fn len(&self) -> usize {
+        self.slots.len() - self.free.len()
     }
 }
 
@@ -445,5 +520,32 @@ mod tests {
         assert!(t.get(id.as_raw(), 4).is_none());
         assert!(t.get(0, 3).is_none());
         assert!(t.get(99, 3).is_none());
+    }
+
+    #[test]
+    fn a_released_rkey_id_is_stale_and_its_slot_is_reused() {
+        let mut t = RkeyTable::default();
+        let key = |endpoint| Rkey {
+            endpoint,
+            parts: [Some(DriverRkey(0)), None, None, None],
+            base: 0,
+            len: 8,
+        };
+        let a = t.insert(key(1)).unwrap();
+        assert!(t.remove(a.as_raw()).is_some());
+        assert!(t.remove(a.as_raw()).is_none(), "released twice");
+        let b = t.insert(key(1)).unwrap();
+        assert_ne!(a, b, "same slot, new generation");
+        assert!(t.get(a.as_raw(), 1).is_none(), "the old id is stale");
+        assert!(t.get(b.as_raw(), 1).is_some());
+        for _ in 0..10_000 {
+            let id = t.insert(key(2)).unwrap();
+            t.remove(id.as_raw()).unwrap();
+        }
+        assert_eq!((t.len(), t.slots.len()), (1, 2), "the table does not grow");
+        t.insert(key(2)).unwrap();
+        assert_eq!(t.remove_all(Some(1)).len(), 1);
+        assert_eq!(t.remove_all(None).len(), 1);
+        assert_eq!(t.len(), 0);
     }
 }

@@ -132,6 +132,8 @@ pub enum SimEvent {
     Register(DriverMemKey),
     /// A registration was withdrawn.
     Deregister(DriverMemKey),
+    /// An unpacked remote key was released.
+    ReleaseRkey(DriverEp, DriverRkey),
     /// `quiesce` was called.
     QuiesceCalled(Quiesce),
     /// `quiesce` answered [`Quiesced::Done`]: nothing may touch the memory
@@ -1087,6 +1089,11 @@ impl<D: Driver> Driver for SimDriver<D> {
 
     fn unpack_rkey(&mut self, ep: DriverEp, blob: &[u8]) -> Result<DriverRkey, DriverError> {
         self.inner.unpack_rkey(ep, blob)
+    }
+
+    fn release_rkey(&mut self, ep: DriverEp, rkey: DriverRkey) {
+        self.state().events.push(SimEvent::ReleaseRkey(ep, rkey));
+        self.inner.release_rkey(ep, rkey);
     }
 
     #[allow(unsafe_code)] // the trait's unsafe data-path contract

@@ -73,6 +73,7 @@ fn every_wrapper_driver_defines_every_driver_method() {
         "lane_ordered",
         "lane_generation",
         "peer_limits",
+        "release_rkey",
     ] {
         assert!(
             methods.iter().any(|m| m == expected),

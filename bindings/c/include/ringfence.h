@@ -869,6 +869,21 @@ int rf_rkey_bounds(rf_worker_t worker, uint32_t ep, uint32_t rkey, uint64_t *bas
 int rf_rkey_unpack(rf_worker_t worker, uint32_t ep, const void *blob, size_t len, uint32_t *rkey);
 
 /**
+ * Releases remote key `rkey` (from `rf_rkey_unpack`): each driver frees
+ * what unpacking it made (a table entry, a device mapping), and the id is
+ * stale from now on (SQEs naming it fail with `RF_EINVALID_RKEY`). Keys
+ * still unpacked when their endpoint closes, or the worker is destroyed,
+ * are released then.
+ *
+ * Returns 0; `RF_EINVALID_RKEY` for an id that is not a live key of this
+ * worker (a second release included); `RF_EBUSY`, changing nothing,
+ * while the key's endpoint has operations queued or in flight (release
+ * it after they completed); `RF_EINVALID_ARGUMENT` for a NULL `worker`;
+ * `RF_ESTALE_HANDLE`.
+ */
+int rf_rkey_release(rf_worker_t worker, uint32_t rkey);
+
+/**
  * Creates a ring (one SQ of `sq_entries` and one CQ of `cq_entries`; 0
  * for the worker's configured sizes) for the calling thread, and fills
  * `*ring` for the inline helpers. The first ring of a worker also receives

@@ -386,7 +386,21 @@ static void rkey_unpack_refuses_bad_blobs(void)
     CHECK_RC(rf_rkey_unpack(w, ep, key, key_len, &rkey), 0);
     CHECK(rkey != 0);
 
+    /* Released: the id is stale, a second release refused, and the
+       next unpack hands out a new id. */
+    uint64_t base = 0, len = 0;
+    CHECK_RC(rf_rkey_release(w, rkey), 0);
+    CHECK_RC(rf_rkey_release(w, rkey), RF_EINVALID_RKEY);
+    CHECK_RC(rf_rkey_release(w, 0), RF_EINVALID_RKEY);
+    CHECK_RC(rf_rkey_bounds(w, ep, rkey, &base, &len), RF_EINVALID_RKEY);
+    uint32_t again = 0;
+    CHECK_RC(rf_rkey_unpack(w, ep, key, key_len, &again), 0);
+    CHECK(again != 0 && again != rkey);
+    CHECK_RC(rf_rkey_bounds(w, ep, again, &base, &len), 0);
+    CHECK(len == 4096);
+
     CHECK_RC(rf_worker_destroy(w), 0);
+    CHECK_RC(rf_rkey_release(w, again), RF_ESTALE_HANDLE);
     CHECK_RC(rf_worker_destroy(target), 0);
 }
 

@@ -668,6 +668,20 @@ pub trait Driver: Send + fmt::Debug + 'static {
     /// The blob is malformed, or names another peer.
     fn unpack_rkey(&mut self, ep: DriverEp, blob: &[u8]) -> Result<DriverRkey, DriverError>;
 
+    /// Frees what [`unpack_rkey`](Driver::unpack_rkey) made for `rkey` on
+    /// `ep` (a table entry, an IPC mapping, an imported handle); the
+    /// engine never names it again. Called once per unpacked key, and only
+    /// when no operation posted on `ep` is in flight (so none still uses
+    /// it): when the application releases it, for keys still unpacked when
+    /// `ep` was closed (after [`disconnect`](Driver::disconnect), with the
+    /// handle it had, once what the driver still ran on it completed), and
+    /// at teardown, after [`quiesce`](Driver::quiesce). Control path. The
+    /// default does nothing: right for drivers whose key is a plain
+    /// value.
+    fn release_rkey(&mut self, ep: DriverEp, rkey: DriverRkey) {
+        let _ = (ep, rkey);
+    }
+
     /// Starts one operation on `ep` (a connection that is up). Returns
     /// [`Posted::Done`] if it finished inside the call, [`Posted::InFlight`]
     /// if its completion will come out of `poll` with `token`, or

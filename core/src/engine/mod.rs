@@ -183,6 +183,9 @@ pub(crate) struct Engine {
     /// ([`Fails`]); [`Fails::ByStatus`] outside [`Engine::on_completion`],
     /// so that failures the engine itself produces are judged by status.
     verdict: Fails,
+    /// Closed endpoints whose unpacked keys wait for their last operation
+    /// in flight before they are released.
+    closed_with_rkeys: Vec<usize>,
     /// The serial of the last user flush started ([`Named::Flush`]).
     flush_serial: u32,
     /// The serial of the last worker flush taken ([`Named::WorkerPart`]).
@@ -240,6 +243,7 @@ impl Engine {
             stats: Stats::default(),
             stray_completions: 0,
             verdict: Fails::ByStatus,
+            closed_with_rkeys: Vec::new(),
             flush_serial: 0,
             worker_flush_serial: 0,
             connect_attempts: 0,
@@ -292,6 +296,9 @@ impl Engine {
         work += self.poll_drivers();
         if !self.parked.is_empty() {
             work += self.reask_parked();
+        }
+        if !self.closed_with_rkeys.is_empty() {
+            self.release_closed_rkeys();
         }
         // Requests a completion just admitted start in this round, not the
         // next: a second, separate pass (never from inside the completion).

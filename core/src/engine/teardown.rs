@@ -30,7 +30,62 @@ impl Engine {
             let g = self.cold[e].groups[gi];
             self.drivers[g.driver as usize].disconnect(crate::driver::DriverEp(g.driver_ep));
         }
+        // Its keys go once nothing posted on it is in flight any more
+        // (a draining driver may still run what it holds).
+        if self.endpoints[e].inflight == 0 {
+            self.release_endpoint_rkeys(e);
+        } else {
+            self.closed_with_rkeys.push(e);
+        }
         tracing::debug!(endpoint = e, "endpoint closed");
+    }
+
+    /// Releases every key still unpacked for endpoint `e`.
+    fn release_endpoint_rkeys(&mut self, e: usize) {
+        for key in self.rkeys.remove_all(Some(e as u32)) {
+            self.release_rkey_parts(&key);
+        }
+    }
+
+    /// Releases the keys of closed endpoints whose last operation has
+    /// completed (the progress round calls this only when some wait).
+    pub(super) fn release_closed_rkeys(&mut self) {
+        let mut i = 0;
+        while i < self.closed_with_rkeys.len() {
+            let e = self.closed_with_rkeys[i];
+            if self.endpoints[e].inflight == 0 {
+                self.closed_with_rkeys.swap_remove(i);
+                self.release_endpoint_rkeys(e);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Tells each driver of `key`'s endpoint to release its part of it.
+    pub(crate) fn release_rkey_parts(&mut self, key: &crate::memory::Rkey) {
+        let Some(cold) = self.cold.get(key.endpoint as usize) else {
+            return;
+        };
+        for (g, part) in cold.groups.iter().zip(key.parts) {
+            if let Some(part) = part {
+                self.drivers[g.driver as usize]
+                    .release_rkey(crate::driver::DriverEp(g.driver_ep), part);
+            }
+        }
+    }
+
+    /// Releases the remote key `raw` names (`Worker::release_rkey`).
+    pub(crate) fn release_rkey(&mut self, raw: u32) -> Result<(), Status> {
+        let key = self.rkeys.peek(raw).ok_or(Status::InvalidRkey)?;
+        let ep = &self.endpoints[key.endpoint as usize];
+        if ep.inflight != 0 || ep.head != crate::request::NONE {
+            return Err(Status::Busy);
+        }
+        if let Some(key) = self.rkeys.remove(raw) {
+            self.release_rkey_parts(&key);
+        }
+        Ok(())
     }
 
     /// Completes everything with CANCELED (R44): queued requests, posted
@@ -65,6 +120,11 @@ impl Engine {
             self.poll_drivers();
         }
         let release = self.quiesce_all();
+        // Nothing is in flight any more: every key still unpacked goes.
+        self.closed_with_rkeys.clear();
+        for key in self.rkeys.remove_all(None) {
+            self.release_rkey_parts(&key);
+        }
         self.release_all(release);
         // What the quiesce canceled comes out of the next polls, and one
         // `poll_drivers` takes at most `POLL_BATCHES` batches per driver:

@@ -403,6 +403,30 @@ impl Worker {
             .insert(entry)
             .map_err(Error::status_of("unpack_rkey"))
     }
+
+    /// Releases a remote key from [`unpack_rkey`](Worker::unpack_rkey):
+    /// each driver frees its part ([`Driver::release_rkey`]), and the id
+    /// is stale from now on (SQEs naming it fail with
+    /// [`Status::InvalidRkey`], and a later unpack never hands it out
+    /// again until its slot's generation wraps). Keys still unpacked when
+    /// their endpoint closes, or the worker goes, are released then.
+    ///
+    /// # Errors
+    /// [`Status::InvalidRkey`] for an id that is not a live key of this
+    /// worker (a second release included); [`Status::Busy`], changing
+    /// nothing, while the key's endpoint has operations queued or in
+    /// flight (any of them may use it): release it after they completed.
+    pub fn release_rkey(&self, rkey: RkeyId) -> Result<(), Error> {
+        self.shared
+            .engine()
+            .release_rkey(rkey.as_raw())
+            .map_err(Error::status_of("release_rkey"))
+    }
+
+    /// How many remote keys are unpacked and not released. A snapshot.
+    pub fn unpacked_rkeys(&self) -> usize {
+        self.shared.engine().rkeys.len()
+    }
 }
 
 /// Withdraws the keys of a registration that failed before it got a

@@ -952,18 +952,32 @@ impl Driver for Shm {
                 Access::CrossMemoryAttach
             }
         };
-        if self.rkeys.len() >= u32::MAX as usize {
-            return Err(err(Status::NoResource, "too many keys"));
-        }
-        self.rkeys.push(Some(RemoteKey {
+        let entry = Some(RemoteKey {
             ep: ep.0,
             slot: key.slot,
             generation: key.generation,
             base,
             len,
             access,
-        }));
+        });
+        // A released entry is reused (control path: a scan is fine).
+        if let Some(i) = self.rkeys.iter().position(Option::is_none) {
+            self.rkeys[i] = entry;
+            return Ok(DriverRkey(i as u32));
+        }
+        if self.rkeys.len() >= u32::MAX as usize {
+            return Err(err(Status::NoResource, "too many keys"));
+        }
+        self.rkeys.push(entry);
         Ok(DriverRkey(self.rkeys.len() as u32 - 1))
+    }
+
+    fn release_rkey(&mut self, ep: DriverEp, rkey: DriverRkey) {
+        if let Some(slot) = self.rkeys.get_mut(rkey.0 as usize) {
+            if slot.as_ref().is_some_and(|k| k.ep == ep.0) {
+                *slot = None;
+            }
+        }
     }
 
     unsafe fn post(&mut self, ep: DriverEp, op: &Op, _token: Token) -> Posted {

@@ -250,10 +250,15 @@ struct KeyQuiesce {
 
 #[derive(Debug, Clone, Copy)]
 struct Rkey {
+    /// The endpoint handle it was unpacked for; [`RELEASED`] once
+    /// released (no endpoint has that handle).
     ep: u32,
     key: u32,
     secret: u64,
 }
+
+/// [`Rkey::ep`] of a released entry.
+const RELEASED: u32 = u32::MAX;
 
 /// The tcp driver: one-sided RMA between workers over TCP, every socket
 /// operation through one io_uring. See the [crate](crate) documentation.
@@ -1721,12 +1726,24 @@ impl Driver for Tcp {
         if key.instance != endpoint.peer.instance {
             return Err(err(Status::InvalidRkey, "the key belongs to another peer"));
         }
-        self.rkeys.push(Rkey {
+        let entry = Rkey {
             ep: ep.0,
             key: key.key,
             secret: key.secret,
-        });
+        };
+        // A released entry is reused (control path: a scan is fine).
+        if let Some(i) = self.rkeys.iter().position(|k| k.ep == RELEASED) {
+            self.rkeys[i] = entry;
+            return Ok(DriverRkey(i as u32));
+        }
+        self.rkeys.push(entry);
         Ok(DriverRkey(self.rkeys.len() as u32 - 1))
+    }
+
+    fn release_rkey(&mut self, ep: DriverEp, rkey: DriverRkey) {
+        if let Some(k) = self.rkeys.get_mut(rkey.0 as usize).filter(|k| k.ep == ep.0) {
+            k.ep = RELEASED;
+        }
     }
 
     unsafe fn post(&mut self, ep: DriverEp, op: &Op, token: Token) -> Posted {

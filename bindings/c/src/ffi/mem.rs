@@ -265,3 +265,26 @@ pub unsafe extern "C" fn rf_rkey_unpack(
         Ok(0)
     })
 }
+
+/// Releases remote key `rkey` (from `rf_rkey_unpack`): each driver frees
+/// what unpacking it made (a table entry, a device mapping), and the id is
+/// stale from now on (SQEs naming it fail with `RF_EINVALID_RKEY`). Keys
+/// still unpacked when their endpoint closes, or the worker is destroyed,
+/// are released then.
+///
+/// Returns 0; `RF_EINVALID_RKEY` for an id that is not a live key of this
+/// worker (a second release included); `RF_EBUSY`, changing nothing,
+/// while the key's endpoint has operations queued or in flight (release
+/// it after they completed); `RF_EINVALID_ARGUMENT` for a NULL `worker`;
+/// `RF_ESTALE_HANDLE`.
+#[unsafe(no_mangle)]
+pub extern "C" fn rf_rkey_release(worker: rf_worker_t, rkey: u32) -> c_int {
+    guard(|| {
+        with_worker(worker, |w| {
+            w.worker
+                .release_rkey(ringfence::RkeyId::from_raw(rkey))
+                .map_err(|e| e.status())
+        })?;
+        Ok(0)
+    })
+}
