@@ -1320,7 +1320,7 @@ impl Tcp {
     /// names this driver's memory (or any memory registered with it).
     /// Never waits: what was canceled ends through the next asks (which
     /// take its completions) and the engine's polls between them. Requests
-    /// that have not ended [`CANCEL_WAIT`] after the first ask may still
+    /// that have not ended `CANCEL_WAIT` after the first ask may still
     /// write into windows: `Leak`.
     fn quiesce_all(&mut self) -> Quiesced {
         let now = Instant::now();
@@ -1386,7 +1386,7 @@ impl Tcp {
     /// then `Pending`. After it, the connections that still hold the window
     /// close (shutdown, then their requests are canceled), and it is
     /// `Pending` until those requests have completed, which the engine's
-    /// polls take; `Leak` if they have not [`CANCEL_WAIT`] later (the
+    /// polls take; `Leak` if they have not `CANCEL_WAIT` later (the
     /// kernel may still write into the window). Never waits.
     fn quiesce_key(&mut self, key: u32) -> Quiesced {
         let held = |c: &Option<Box<Conn>>| c.as_deref().is_some_and(|c| Self::holds_key(c, key));
@@ -1551,7 +1551,7 @@ impl Tcp {
 impl Drop for Tcp {
     /// Finishes the teardown (the engine asked `quiesce(All)` already,
     /// unless the driver never served a worker), waiting for the kernel's
-    /// completions, within [`CANCEL_WAIT`] of the first ask.
+    /// completions, within `CANCEL_WAIT` of the first ask.
     fn drop(&mut self) {
         loop {
             match self.quiesce_all() {
