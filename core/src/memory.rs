@@ -319,16 +319,16 @@ impl RkeyTable {
 
     /// Removes every key unpacked for `endpoint` (all of them if `None`).
     pub fn remove_all(&mut self, endpoint: Option<u32>) -> Vec<Rkey> {
-        (0..self.slots.len())
-            .filter(|&i| {
-                self.slots[i]
-                    .key
-                    .is_some_and(|k| endpoint.is_none_or(|e| k.endpoint == e))
-            })
-            .collect::<Vec<_>>()
-            .into_iter()
-            .filter_map(|i| self.release_slot(i))
-            .collect()
+        let mut out = Vec::new();
+        for i in 0..self.slots.len() {
+            let ours = self.slots[i]
+                .key
+                .is_some_and(|k| endpoint.is_none_or(|e| k.endpoint == e));
+            if ours {
+                out.extend(self.release_slot(i));
+            }
+        }
+        out
     }
 
     /// How many keys are live.

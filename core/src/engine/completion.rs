@@ -75,7 +75,8 @@ impl Engine {
     /// endpoint's sticky error, the first real cause (R32).
     pub(super) fn own_result(&self, e: usize, result: Result<u32, Status>) -> Result<u32, Status> {
         let ep = &self.endpoints[e];
-        if result.is_err() && self.verdict == Fails::Lost && ep.state == EpState::Failed {
+        // A verdict other than `ByStatus` comes only with an error.
+        if self.verdict == Fails::Lost && ep.state == EpState::Failed {
             Err(ep.error())
         } else {
             result
@@ -100,10 +101,6 @@ impl Engine {
         } else {
             result
         };
-        if self.endpoints[e].state == EpState::Failed {
-            // A part said the endpoint is dead (`split_part_done`).
-            return;
-        }
         // Only the flushed subset leaves D: `dirty` already holds just
         // the lanes written since the flush started (R17, W2).
         self.fence_flush_done(e, result);

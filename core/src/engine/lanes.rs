@@ -245,9 +245,7 @@ impl Engine {
                 // when the other drivers' parts come back: they may be
                 // behind a peer that will never answer.
                 if let Fails::Endpoint(cause) = self.verdict {
-                    if result.is_err() {
-                        self.fail_endpoint(e, cause);
-                    }
+                    self.fail_endpoint(e, cause);
                 }
                 None
             }
