@@ -42,8 +42,8 @@
 use crate::DriverMemory;
 use crate::driver::{
     Capabilities, Completion, Connect, DirectPath, Driver, DriverContext, DriverEp, DriverError,
-    DriverMemKey, DriverRkey, Fails, LaneMask, MAX_LANES, MemDesc, Op, OpKind, PeerLimits, Posted,
-    Quiesce, Quiesced, Sleep, Token,
+    DriverMemKey, DriverRkey, Fails, KeyPart, LaneMask, MAX_LANES, MemDesc, Op, OpKind, PeerLimits,
+    Posted, Prepare, Prepared, Quiesce, Quiesced, Registered, Sleep, Token, Unpacked,
 };
 use crate::memory::MemKind;
 use ringfence_ring::Status;
@@ -809,8 +809,8 @@ impl<D: Driver> Driver for FaultInjector<D> {
         self.inner.disconnect(ep);
     }
 
-    fn register(&mut self, mem: &MemDesc) -> Result<DriverMemKey, DriverError> {
-        self.inner.register(mem)
+    fn register(&mut self, mem: &MemDesc, prepared: Prepared) -> Result<Registered, DriverError> {
+        self.inner.register(mem, prepared)
     }
 
     fn deregister(&mut self, key: DriverMemKey) {
@@ -821,8 +821,17 @@ impl<D: Driver> Driver for FaultInjector<D> {
         self.inner.pack_rkey(key)
     }
 
-    fn unpack_rkey(&mut self, ep: DriverEp, blob: &[u8]) -> Result<DriverRkey, DriverError> {
-        self.inner.unpack_rkey(ep, blob)
+    fn unpack_rkey(
+        &mut self,
+        ep: DriverEp,
+        part: &KeyPart<'_>,
+        prepared: Prepared,
+    ) -> Result<Unpacked, DriverError> {
+        self.inner.unpack_rkey(ep, part, prepared)
+    }
+
+    fn prepare(&self) -> Option<Arc<dyn Prepare>> {
+        self.inner.prepare()
     }
 
     fn release_rkey(&mut self, ep: DriverEp, rkey: DriverRkey) {

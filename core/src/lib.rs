@@ -119,9 +119,9 @@ pub use checksum::reseal;
 pub use config::Config;
 pub use driver::{
     AtomicDomain, AtomicOps, Capabilities, Completion, Connect, DirectPath, Driver, DriverContext,
-    DriverEp, DriverError, DriverMemKey, DriverMemory, DriverRkey, Fails, LaneMask, MAX_LANES,
-    MemDesc, Op, OpKind, PeerLimits, Posted, Quiesce, Quiesced, Sleep, Token, drain_completions,
-    execute_by_post, fails_endpoint,
+    DriverEp, DriverError, DriverMemKey, DriverMemory, DriverRkey, Fails, KeyPart, LaneMask,
+    MAX_LANES, MemDesc, Op, OpKind, PeerLimits, Posted, Prepare, Prepared, Quiesce, Quiesced,
+    Registered, Sleep, Token, Unpacked, drain_completions, execute_by_post, fails_endpoint,
 };
 pub use endpoint::{EndpointId, EndpointState, FenceState};
 pub use engine::UnreleasedMemory;
@@ -129,7 +129,7 @@ pub use error::Error;
 #[cfg(feature = "testkit")]
 pub use fault::{Executed, FaultHandle, FaultInjector, Timing};
 pub use loopback::{CompletionMode, Loopback};
-pub use memory::{MemHandle, MemKind, RkeyId};
+pub use memory::{MemHandle, MemKind, MemKinds, RkeyId};
 pub use request::{MAX_QUEUES, MAX_REQUESTS};
 pub use ringfence_ring::{Cqe, Sqe, Status};
 #[cfg(feature = "testkit")]

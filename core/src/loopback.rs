@@ -20,10 +20,10 @@
 use crate::NotifyPool;
 use crate::driver::{
     Capabilities, Completion, Connect, DirectPath, Driver, DriverContext, DriverEp, DriverError,
-    DriverMemKey, DriverRkey, LaneMask, MemDesc, Op, OpKind, PeerLimits, Posted, Token,
-    execute_by_post,
+    DriverMemKey, DriverRkey, KeyPart, LaneMask, MemDesc, Op, OpKind, PeerLimits, Posted, Prepared,
+    Registered, Token, Unpacked, execute_by_post,
 };
-use crate::memory::{MemKind, within};
+use crate::memory::{MemKinds, within};
 use crate::sys::{mem, peer};
 use ringfence_ring::{AtomicOp, Status};
 use std::collections::{HashMap, VecDeque};
@@ -133,7 +133,7 @@ struct RemoteKey {
 #[derive(Debug)]
 pub struct Loopback {
     name: &'static str,
-    mem_kinds: &'static [MemKind],
+    mem_kinds: MemKinds,
     /// Edits the capabilities it claims ([`Loopback::with_capabilities`]).
     edit_capabilities: fn(Capabilities) -> Capabilities,
     mode: CompletionMode,
@@ -169,7 +169,7 @@ impl Loopback {
             .insert(node.id, Arc::downgrade(&node));
         Loopback {
             name: "loopback",
-            mem_kinds: &[MemKind::Host],
+            mem_kinds: MemKinds::HOST,
             edit_capabilities: |caps| caps,
             mode,
             node,
@@ -191,11 +191,11 @@ impl Loopback {
         self
     }
 
-    /// Claims to register memory of `kinds` (host memory only by
-    /// default), for tests that stand in for a device driver: memory
-    /// registered as, say, [`MemKind::Cuda`] must still be host memory,
-    /// since this driver copies with the CPU.
-    pub fn with_mem_kinds(mut self, kinds: &'static [MemKind]) -> Loopback {
+    /// Claims to register, and to reach at a peer, memory of `kinds`
+    /// (host memory only by default), for tests that stand in for a device
+    /// driver: memory registered as, say, [`MemKind::Cuda`] must still be
+    /// host memory, since this driver copies with the CPU.
+    pub fn with_mem_kinds(mut self, kinds: MemKinds) -> Loopback {
         self.mem_kinds = kinds;
         self
     }
@@ -313,6 +313,7 @@ impl Driver for Loopback {
     fn capabilities(&self) -> Capabilities {
         let mut caps = Capabilities::host_rma(crate::driver::MAX_LANES, 1 << 30);
         caps.mem_kinds = self.mem_kinds;
+        caps.remote_kinds = self.mem_kinds;
         (self.edit_capabilities)(caps)
     }
 
@@ -375,8 +376,8 @@ impl Driver for Loopback {
         );
     }
 
-    fn register(&mut self, mem: &MemDesc) -> Result<DriverMemKey, DriverError> {
-        if !self.mem_kinds.contains(&mem.kind) {
+    fn register(&mut self, mem: &MemDesc, _prepared: Prepared) -> Result<Registered, DriverError> {
+        if !self.mem_kinds.contains(mem.kind) {
             return Err(err(
                 Status::Unsupported,
                 "loopback registers host memory only (unless told otherwise)",
@@ -397,7 +398,7 @@ impl Driver for Loopback {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .insert(region, export);
-        Ok(DriverMemKey(u64::from(region)))
+        Ok(Registered::Shared(DriverMemKey(u64::from(region))))
     }
 
     fn deregister(&mut self, key: DriverMemKey) {
@@ -419,7 +420,13 @@ impl Driver for Loopback {
         Ok(blob)
     }
 
-    fn unpack_rkey(&mut self, ep: DriverEp, blob: &[u8]) -> Result<DriverRkey, DriverError> {
+    fn unpack_rkey(
+        &mut self,
+        ep: DriverEp,
+        part: &KeyPart<'_>,
+        _prepared: Prepared,
+    ) -> Result<Unpacked, DriverError> {
+        let blob = part.blob;
         if blob.len() != 20 {
             return Err(err(Status::InvalidArgument, "malformed loopback key"));
         }
@@ -435,10 +442,10 @@ impl Driver for Loopback {
         let key = RemoteKey { region, secret, ep };
         if let Some(i) = self.free_rkeys.pop() {
             self.rkeys[i as usize] = key;
-            return Ok(DriverRkey(i));
+            return Ok(Unpacked::Key(DriverRkey(i)));
         }
         self.rkeys.push(key);
-        Ok(DriverRkey(self.rkeys.len() as u32 - 1))
+        Ok(Unpacked::Key(DriverRkey(self.rkeys.len() as u32 - 1)))
     }
 
     fn release_rkey(&mut self, ep: DriverEp, rkey: DriverRkey) {

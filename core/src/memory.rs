@@ -14,14 +14,79 @@ use crate::sys::mem::OwnedMem;
 use ringfence_ring::Status;
 use std::sync::Arc;
 
-/// What kind of memory a registration is.
+/// What kind of memory a registration is, and on which device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum MemKind {
     /// Ordinary host memory.
     Host,
-    /// CUDA device memory.
-    Cuda,
+    /// Memory of one CUDA device, named by its ordinal in the process that
+    /// registers it (as `cuDeviceGet` numbers the devices it sees).
+    Cuda(u16),
+}
+
+impl MemKind {
+    /// The device ordinal, for device memory.
+    pub const fn device(self) -> Option<u16> {
+        match self {
+            MemKind::Host => None,
+            MemKind::Cuda(device) => Some(device),
+        }
+    }
+
+    /// The kind's number in a packed key part, and in [`MemKinds`].
+    const fn code(self) -> u8 {
+        match self {
+            MemKind::Host => 0,
+            MemKind::Cuda(_) => 1,
+        }
+    }
+
+    /// The kind a packed key part names, if it is one (host memory has no
+    /// device: its ordinal must be zero).
+    const fn from_code(code: u8, device: u16) -> Option<MemKind> {
+        match (code, device) {
+            (0, 0) => Some(MemKind::Host),
+            (1, device) => Some(MemKind::Cuda(device)),
+            _ => None,
+        }
+    }
+}
+
+/// A set of memory kinds, each with any device: what a driver registers
+/// ([`Capabilities::mem_kinds`](crate::driver::Capabilities::mem_kinds))
+/// and what it reaches at a peer
+/// ([`Capabilities::remote_kinds`](crate::driver::Capabilities::remote_kinds)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct MemKinds(u8);
+
+impl MemKinds {
+    /// No kind.
+    pub const NONE: MemKinds = MemKinds(0);
+    /// Host memory.
+    pub const HOST: MemKinds = MemKinds::of(MemKind::Host);
+    /// CUDA device memory, of any device.
+    pub const CUDA: MemKinds = MemKinds::of(MemKind::Cuda(0));
+
+    /// The set of `kind` alone (any device of it).
+    pub const fn of(kind: MemKind) -> MemKinds {
+        MemKinds(1 << kind.code())
+    }
+
+    /// The kinds of both sets.
+    pub const fn union(self, other: MemKinds) -> MemKinds {
+        MemKinds(self.0 | other.0)
+    }
+
+    /// Whether memory of `kind` (on any device) is in the set.
+    pub const fn contains(self, kind: MemKind) -> bool {
+        self.0 & 1 << kind.code() != 0
+    }
+
+    /// Whether the set is empty.
+    pub const fn is_empty(self) -> bool {
+        self.0 == 0
+    }
 }
 
 /// A local registration, as put in [`Sqe::local_mem`](ringfence_ring::Sqe).
@@ -75,8 +140,13 @@ pub(crate) struct Registration {
     /// What memory it is.
     pub kind: MemKind,
     /// The driver's key, one per driver of the worker (same order); `None`
-    /// for a driver that does not register this kind of memory.
+    /// for a driver that does not register this kind of memory or declined
+    /// it ([`Registered::Declined`](crate::driver::Registered::Declined)).
     pub keys: Vec<Option<DriverMemKey>>,
+    /// The drivers (by index) that registered it for local use only
+    /// ([`Registered::Local`](crate::driver::Registered::Local)): a packed
+    /// key has a part for every other driver with a key, none for these.
+    pub local_only: Vec<u8>,
     /// Requests that reference this registration and have not completed.
     pub inflight: u32,
     /// Memory the registry owns (from `alloc_registered`), kept alive here
@@ -231,10 +301,13 @@ pub(crate) struct Rkey {
     pub endpoint: u32,
     /// The driver's key for each lane group of the endpoint (one group
     /// unless the endpoint has lanes on several drivers); `None` where the
-    /// blob had no part for that group's driver.
+    /// blob had no part for that group's driver, or the part names memory
+    /// that driver cannot reach.
     pub parts: [Option<DriverRkey>; MAX_GROUPS],
     pub base: u64,
     pub len: u64,
+    /// What memory the region is, at the peer.
+    pub kind: MemKind,
 }
 
 /// The most drivers one endpoint can have lanes on.
@@ -337,30 +410,46 @@ impl RkeyTable {
     }
 }
 
-/// One driver's part of a packed remote key (format 2): `"RFRK"`,
-/// version 2, the length of the driver's name, the region's base and
+/// One driver's part of a packed remote key (format 3): `"RFRK"`,
+/// version 3, the length of the driver's name, the memory's kind and
+/// device ordinal (`u8`, little-endian `u16`), the region's base and
 /// length (little-endian `u64`s), the length of the driver's own blob
 /// (`u32`), the name, then the driver's blob. The packed key around the
-/// parts (`worker::blobs`) carries the integrity check.
+/// parts (`worker::blobs`) carries the integrity check. Version 2 had no
+/// kind.
 pub(crate) mod blob {
+    use super::MemKind;
+
     const MAGIC: &[u8; 4] = b"RFRK";
-    const VERSION: u8 = 2;
-    const FIXED: usize = 4 + 1 + 1 + 8 + 8 + 4;
+    const VERSION: u8 = 3;
+    const FIXED: usize = 4 + 1 + 1 + 3 + 8 + 8 + 4;
 
     /// A decoded part; borrows the input.
     #[derive(Debug, PartialEq, Eq)]
     pub(crate) struct Decoded<'a> {
         pub driver: &'a str,
+        pub kind: MemKind,
         pub base: u64,
         pub len: u64,
         pub driver_blob: &'a [u8],
     }
 
-    pub(crate) fn encode(driver: &str, base: u64, len: u64, driver_blob: &[u8]) -> Vec<u8> {
+    /// A part for `driver`'s blob of a region of `kind`. Callers keep the
+    /// name to 255 bytes (the worker refuses longer ones when it is built)
+    /// and the blob to `u32::MAX` bytes.
+    pub(crate) fn encode(
+        driver: &str,
+        kind: MemKind,
+        base: u64,
+        len: u64,
+        driver_blob: &[u8],
+    ) -> Vec<u8> {
         let mut out = Vec::with_capacity(FIXED + driver.len() + driver_blob.len());
         out.extend_from_slice(MAGIC);
         out.push(VERSION);
         out.push(driver.len() as u8);
+        out.push(kind.code());
+        out.extend_from_slice(&kind.device().unwrap_or(0).to_le_bytes());
         out.extend_from_slice(&base.to_le_bytes());
         out.extend_from_slice(&len.to_le_bytes());
         out.extend_from_slice(&(driver_blob.len() as u32).to_le_bytes());
@@ -370,8 +459,8 @@ pub(crate) mod blob {
     }
 
     /// Decodes a part from a peer, field by field: the magic, the version,
-    /// a non-empty UTF-8 name, a non-empty region that does not wrap, and
-    /// lengths that account for every byte.
+    /// a known memory kind, a non-empty UTF-8 name, a non-empty region that
+    /// does not wrap, and lengths that account for every byte.
     ///
     /// # Errors
     /// What is wrong, for [`Error::Malformed`](crate::Error::Malformed).
@@ -386,9 +475,12 @@ pub(crate) mod blob {
             return Err("a remote key part has an unknown version");
         }
         let name_len = usize::from(fixed[5]);
+        let device = u16::from_le_bytes([fixed[7], fixed[8]]);
+        let kind = MemKind::from_code(fixed[6], device)
+            .ok_or("a remote key part names an unknown memory kind")?;
         let u64_at = |at: usize| u64::from_le_bytes(fixed[at..at + 8].try_into().expect("8 bytes"));
-        let (base, len) = (u64_at(6), u64_at(14));
-        let blob_len = u32::from_le_bytes(fixed[22..26].try_into().expect("4 bytes")) as usize;
+        let (base, len) = (u64_at(9), u64_at(17));
+        let blob_len = u32::from_le_bytes(fixed[25..29].try_into().expect("4 bytes")) as usize;
         if rest.len() != name_len + blob_len {
             return Err("a remote key part's lengths do not match its size");
         }
@@ -402,6 +494,7 @@ pub(crate) mod blob {
             .ok_or("a remote key part's driver name is not a name")?;
         Ok(Decoded {
             driver,
+            kind,
             base,
             len,
             driver_blob,
@@ -414,31 +507,37 @@ pub(crate) mod blob {
 
         #[test]
         fn round_trip_and_every_damage_is_refused() {
-            let blob = encode("loopback", 0x1000, 64, &[1, 2, 3]);
+            const H: MemKind = MemKind::Host;
+            let blob = encode("loopback", H, 0x1000, 64, &[1, 2, 3]);
             let d = decode(&blob).unwrap();
             assert_eq!(
                 d,
                 Decoded {
                     driver: "loopback",
+                    kind: H,
                     base: 0x1000,
                     len: 64,
                     driver_blob: &[1, 2, 3]
                 }
             );
+            let device = encode("cuda", MemKind::Cuda(7), 0x1000, 64, &[]);
+            assert_eq!(decode(&device).unwrap().kind, MemKind::Cuda(7));
             for cut in 0..blob.len() {
                 assert!(decode(&blob[..cut]).is_err(), "cut at {cut}");
             }
             let mut long = blob.clone();
             long.push(0);
             assert!(decode(&long).is_err(), "a trailing byte");
-            assert!(decode(&encode("x", u64::MAX, 2, &[])).is_err(), "wraps");
-            assert!(decode(&encode("x", 0x1000, 0, &[])).is_err(), "empty");
-            assert!(decode(&encode("", 0x1000, 8, &[])).is_err(), "no name");
-            assert!(decode(&encode("\u{ff}", 0x1000, 8, &[])[..]).is_ok());
-            let mut not_utf8 = encode("ab", 0x1000, 8, &[]);
+            assert!(decode(&encode("x", H, u64::MAX, 2, &[])).is_err(), "wraps");
+            assert!(decode(&encode("x", H, 0x1000, 0, &[])).is_err(), "empty");
+            assert!(decode(&encode("", H, 0x1000, 8, &[])).is_err(), "no name");
+            assert!(decode(&encode("\u{ff}", H, 0x1000, 8, &[])[..]).is_ok());
+            let mut not_utf8 = encode("ab", H, 0x1000, 8, &[]);
             not_utf8[FIXED] = 0xff;
             assert!(decode(&not_utf8).is_err(), "not UTF-8");
-            for (at, value) in [(0, b'X'), (4, 1), (4, 3)] {
+            // The magic, versions 2 and 4, an unknown kind, host memory
+            // with a device ordinal.
+            for (at, value) in [(0, b'X'), (4, 2), (4, 4), (6, 2), (7, 1)] {
                 let mut bad = blob.clone();
                 bad[at] = value;
                 assert!(decode(&bad).is_err(), "byte {at} = {value}");
@@ -458,6 +557,7 @@ mod tests {
             len,
             kind: MemKind::Host,
             keys: vec![],
+            local_only: vec![],
             inflight: 0,
             _owned: None,
         }
@@ -514,6 +614,7 @@ mod tests {
                 parts: [Some(DriverRkey(0)), None, None, None],
                 base: 0,
                 len: 8,
+                kind: MemKind::Host,
             })
             .unwrap();
         assert!(t.get(id.as_raw(), 3).is_some());
@@ -530,6 +631,7 @@ mod tests {
             parts: [Some(DriverRkey(0)), None, None, None],
             base: 0,
             len: 8,
+            kind: MemKind::Host,
         };
         let a = t.insert(key(1)).unwrap();
         assert!(t.remove(a.as_raw()).is_some());

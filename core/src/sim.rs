@@ -64,6 +64,16 @@
 //!   [`SimDriver::with_mem_kinds`] the driver claims more memory kinds
 //!   than its inner driver (say [`MemKind::Cuda`], backed by host memory)
 //!   to stand in for a device driver.
+//! - **Registration by kind.** [`SimDriver::declining`],
+//!   [`SimDriver::local_only`], [`SimDriver::with_remote_kinds`] and
+//!   [`SimDriver::unreachable`] make it decline memory, keep it for local
+//!   use, not reach a peer's kind, or find a peer's part unreachable;
+//!   [`SimHandle::refuse_unpack`] fails the next unpacks.
+//!   Every register and unpack has a first phase ([`Driver::prepare`]),
+//!   which [`SimHandle::slow_registration`] makes last until the engine
+//!   has polled the driver a number of times: it finishes only if the
+//!   engine lock is free while it runs. [`SimEvent::Registered`], [`SimEvent::Unpacked`] and
+//!   [`SimEvent::Prepared`] record what it answered.
 //! - [`Driver::direct`] is `None`: nothing finishes inside a call.
 //!
 //! # Names
@@ -87,11 +97,11 @@
 use crate::DriverMemory;
 use crate::driver::{
     Capabilities, Completion, Connect, DirectPath, Driver, DriverContext, DriverEp, DriverError,
-    DriverMemKey, DriverRkey, LaneMask, MemDesc, Op, PeerLimits, Posted, Quiesce, Quiesced, Sleep,
-    Token,
+    DriverMemKey, DriverRkey, KeyPart, LaneMask, MemDesc, Op, PeerLimits, Posted, Prepare,
+    Prepared, Quiesce, Quiesced, Registered, Sleep, Token, Unpacked,
 };
 use crate::fault::Executed;
-use crate::memory::MemKind;
+use crate::memory::{MemKind, MemKinds};
 use nix::sys::time::TimeSpec;
 use nix::sys::timerfd::{self, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags};
 use ringfence_ring::Status;
@@ -128,8 +138,21 @@ pub enum SimEvent {
     Connected(DriverEp, Result<u32, Status>),
     /// The engine released a connection.
     Disconnect(DriverEp),
-    /// A registration was made.
+    /// A registration was made (by the inner driver).
     Register(DriverMemKey),
+    /// What `register` answered for memory of a kind.
+    Registered(MemKind, Registered),
+    /// What `unpack_rkey` answered on an endpoint for a part of a kind.
+    Unpacked(DriverEp, MemKind, Unpacked),
+    /// The first phase ([`SimHandle::slow_registration`]) of a register
+    /// (`true`) or an unpack (`false`) ended: the engine polled the
+    /// driver `polls` times while it ran.
+    Prepared {
+        /// A register's, not an unpack's.
+        register: bool,
+        /// Polls that ran meanwhile.
+        polls: u64,
+    },
     /// A registration was withdrawn.
     Deregister(DriverMemKey),
     /// An unpacked remote key was released.
@@ -196,6 +219,10 @@ struct State {
     connect_failures: VecDeque<Status>,
     /// Statuses for the next `connect` calls to refuse with at once.
     connect_refusals: VecDeque<Status>,
+    /// Statuses for the next `unpack_rkey` calls to refuse with.
+    unpack_refusals: VecDeque<Status>,
+    /// Polls the first phase of each register and unpack lasts.
+    slow_polls: u64,
     /// The wake timer is armed only in `prepare_sleep` (see
     /// `SimHandle::arm_on_sleep`).
     arm_on_sleep: bool,
@@ -274,6 +301,23 @@ impl SimHandle {
     /// (each call programs one more, in order).
     pub fn refuse_connect(&self, status: Status) {
         self.state().connect_refusals.push_back(status);
+    }
+
+    /// The next `unpack_rkey` call fails with `status`, as a driver does
+    /// for a part that names another peer (each call programs one more,
+    /// in order).
+    pub fn refuse_unpack(&self, status: Status) {
+        self.state().unpack_refusals.push_back(status);
+    }
+
+    /// The first phase ([`Driver::prepare`]) of every register and unpack
+    /// from now on lasts until the engine has polled the driver `polls`
+    /// more times (0, the default: no wait), or a minute has passed: it
+    /// then fails with [`Status::Timeout`], as it does if the engine lock
+    /// is held meanwhile, so that no poll can run. The second phase checks
+    /// that it got the first phase's result (a violation otherwise).
+    pub fn slow_registration(&self, polls: u64) {
+        self.state().slow_polls = polls;
     }
 
     /// Whether the wake descriptor is one-shot, as a verbs completion
@@ -481,7 +525,13 @@ struct Handshake {
 pub struct SimDriver<D: Driver> {
     inner: D,
     name: &'static str,
-    mem_kinds: Option<&'static [MemKind]>,
+    mem_kinds: Option<MemKinds>,
+    remote_kinds: Option<MemKinds>,
+    /// Kinds `register` declines, keeps for local use, and kinds of a
+    /// peer's part `unpack_rkey` finds unreachable.
+    declined: MemKinds,
+    local_only: MemKinds,
+    unreachable: MemKinds,
     state: Arc<Mutex<State>>,
     /// By the inner driver's endpoint handle.
     conns: Vec<Option<Conn>>,
@@ -534,6 +584,8 @@ impl<D: Driver> SimDriver<D> {
             connect_timing: SimTiming::Polls(1),
             connect_failures: VecDeque::new(),
             connect_refusals: VecDeque::new(),
+            unpack_refusals: VecDeque::new(),
+            slow_polls: 0,
             arm_on_sleep: false,
             lane_depth: 4096,
             seed: 0x2545_f491_4f6c_dd1d,
@@ -560,6 +612,10 @@ impl<D: Driver> SimDriver<D> {
             inner,
             name,
             mem_kinds: None,
+            remote_kinds: None,
+            declined: MemKinds::NONE,
+            local_only: MemKinds::NONE,
+            unreachable: MemKinds::NONE,
             state: state.clone(),
             conns: Vec::new(),
             flushes: VecDeque::new(),
@@ -580,18 +636,63 @@ impl<D: Driver> SimDriver<D> {
         (driver, SimHandle { state })
     }
 
-    /// Claims `kinds` as the memory kinds it registers and allocates,
-    /// instead of the inner driver's. Memory of a kind the inner driver
-    /// does not register is registered with it as host memory, and
-    /// `alloc_memory` backs every kind with host memory: a stand-in for a
-    /// device driver (say [`MemKind::Cuda`]) in tests of mixed endpoints.
-    pub fn with_mem_kinds(mut self, kinds: &'static [MemKind]) -> SimDriver<D> {
+    /// Claims `kinds` as the memory kinds it registers, allocates and
+    /// reaches at a peer, instead of the inner driver's. Memory of a kind
+    /// the inner driver does not register is registered with it as host
+    /// memory (and a peer's part of such a kind unpacked as host memory),
+    /// and `alloc_memory` backs every kind with host memory: a stand-in
+    /// for a device driver (say [`MemKind::Cuda`]) in tests of mixed
+    /// endpoints.
+    pub fn with_mem_kinds(mut self, kinds: MemKinds) -> SimDriver<D> {
         self.mem_kinds = Some(kinds);
+        self.remote_kinds = Some(kinds);
+        self
+    }
+
+    /// Claims to reach only `kinds` of memory at a peer
+    /// ([`Capabilities::remote_kinds`]), as a CUDA driver reaches only a
+    /// peer's device memory.
+    pub fn with_remote_kinds(mut self, kinds: MemKinds) -> SimDriver<D> {
+        self.remote_kinds = Some(kinds);
+        self
+    }
+
+    /// Answers [`Registered::Declined`] for memory of `kinds`, without
+    /// registering it with the inner driver.
+    pub fn declining(mut self, kinds: MemKinds) -> SimDriver<D> {
+        self.declined = kinds;
+        self
+    }
+
+    /// Answers [`Registered::Local`] for memory of `kinds`: registered,
+    /// but for local use only (no part in packed keys).
+    pub fn local_only(mut self, kinds: MemKinds) -> SimDriver<D> {
+        self.local_only = kinds;
+        self
+    }
+
+    /// Answers [`Unpacked::Unreachable`] for a peer's parts of `kinds`.
+    pub fn unreachable(mut self, kinds: MemKinds) -> SimDriver<D> {
+        self.unreachable = kinds;
         self
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
         lock(&self.state)
+    }
+
+    /// What the inner driver's second phase gets of `prepared`: with a
+    /// slow first phase, the inner driver's own result inside it (a
+    /// violation if the first phase did not run).
+    fn second_phase(&self, prepared: Prepared, what: &str) -> Prepared {
+        match prepared.take::<SlowDone>() {
+            Some(SlowDone(inner)) => inner,
+            None => {
+                self.state()
+                    .violation(format!("{what} without its first phase"));
+                Prepared::none()
+            }
+        }
     }
 
     fn next_random(&mut self) -> u64 {
@@ -979,6 +1080,9 @@ impl<D: Driver> Driver for SimDriver<D> {
         if let Some(kinds) = self.mem_kinds {
             caps.mem_kinds = kinds;
         }
+        if let Some(kinds) = self.remote_kinds {
+            caps.remote_kinds = kinds;
+        }
         caps
     }
 
@@ -1065,17 +1169,35 @@ impl<D: Driver> Driver for SimDriver<D> {
         }
     }
 
-    fn register(&mut self, mem: &MemDesc) -> Result<DriverMemKey, DriverError> {
-        let mut desc = *mem;
-        if !self.inner.capabilities().supports_mem_kind(mem.kind) {
-            // A claimed kind (`with_mem_kinds`): host memory underneath.
-            desc.kind = MemKind::Host;
-        }
-        let key = self.inner.register(&desc)?;
-        let mut s = self.state();
-        s.quiesced_keys.remove(&key.0);
-        s.events.push(SimEvent::Register(key));
-        Ok(key)
+    fn register(&mut self, mem: &MemDesc, prepared: Prepared) -> Result<Registered, DriverError> {
+        let prepared = self.second_phase(prepared, "register");
+        let answer = if self.declined.contains(mem.kind) {
+            Registered::Declined
+        } else {
+            let mut desc = *mem;
+            if !self.inner.capabilities().supports_mem_kind(mem.kind) {
+                // A claimed kind (`with_mem_kinds`): host memory underneath.
+                desc.kind = MemKind::Host;
+            }
+            let registered = self.inner.register(&desc, prepared)?;
+            match registered.key() {
+                Some(key) => {
+                    let mut s = self.state();
+                    s.quiesced_keys.remove(&key.0);
+                    s.events.push(SimEvent::Register(key));
+                    if self.local_only.contains(mem.kind) {
+                        Registered::Local(key)
+                    } else {
+                        registered
+                    }
+                }
+                None => registered,
+            }
+        };
+        self.state()
+            .events
+            .push(SimEvent::Registered(mem.kind, answer));
+        Ok(answer)
     }
 
     fn deregister(&mut self, key: DriverMemKey) {
@@ -1087,8 +1209,43 @@ impl<D: Driver> Driver for SimDriver<D> {
         self.inner.pack_rkey(key)
     }
 
-    fn unpack_rkey(&mut self, ep: DriverEp, blob: &[u8]) -> Result<DriverRkey, DriverError> {
-        self.inner.unpack_rkey(ep, blob)
+    fn unpack_rkey(
+        &mut self,
+        ep: DriverEp,
+        part: &KeyPart<'_>,
+        prepared: Prepared,
+    ) -> Result<Unpacked, DriverError> {
+        let prepared = self.second_phase(prepared, "unpack");
+        if !self.capabilities().reaches(part.kind) {
+            self.state().violation(format!(
+                "asked to unpack a part of {:?} memory, which it does not reach",
+                part.kind
+            ));
+        }
+        if let Some(status) = self.state().unpack_refusals.pop_front() {
+            return Err(DriverError::new(status, "unpack refused (programmed)"));
+        }
+        let answer = if self.unreachable.contains(part.kind) {
+            Unpacked::Unreachable
+        } else {
+            let mut inner_part = *part;
+            if !self.inner.capabilities().reaches(part.kind) {
+                // A claimed kind: host memory underneath.
+                inner_part.kind = MemKind::Host;
+            }
+            self.inner.unpack_rkey(ep, &inner_part, prepared)?
+        };
+        self.state()
+            .events
+            .push(SimEvent::Unpacked(ep, part.kind, answer));
+        Ok(answer)
+    }
+
+    fn prepare(&self) -> Option<Arc<dyn Prepare>> {
+        Some(Arc::new(SlowPrepare {
+            state: self.state.clone(),
+            inner: self.inner.prepare(),
+        }))
     }
 
     fn release_rkey(&mut self, ep: DriverEp, rkey: DriverRkey) {
@@ -1501,5 +1658,67 @@ impl Drop for SimMemory {
         let mut s = lock(&self.state);
         s.freed.push((addr, len as u64));
         s.events.push(SimEvent::Freed { addr, len });
+    }
+}
+
+/// The first phase of a [`SimDriver`]'s registrations and unpacks
+/// ([`SimHandle::slow_registration`]).
+#[derive(Debug)]
+struct SlowPrepare {
+    state: Arc<Mutex<State>>,
+    /// The inner driver's own first phase, run first.
+    inner: Option<Arc<dyn Prepare>>,
+}
+
+/// A slow first phase's result: the inner driver's.
+struct SlowDone(Prepared);
+
+impl SlowPrepare {
+    /// Waits until the engine has polled the driver as many more times
+    /// as programmed.
+    fn wait(&self, register: bool) -> Result<(), DriverError> {
+        let (start, wanted) = {
+            let s = lock(&self.state);
+            (s.stats.polls, s.slow_polls)
+        };
+        if wanted == 0 {
+            return Ok(());
+        }
+        let polls = || lock(&self.state).stats.polls;
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while polls() - start < wanted {
+            if std::time::Instant::now() > deadline {
+                return Err(DriverError::new(
+                    Status::Timeout,
+                    "the engine did not poll while a registration's first phase ran",
+                ));
+            }
+            std::thread::yield_now();
+        }
+        let polls = polls() - start;
+        lock(&self.state)
+            .events
+            .push(SimEvent::Prepared { register, polls });
+        Ok(())
+    }
+}
+
+impl Prepare for SlowPrepare {
+    fn register(&self, mem: &MemDesc) -> Result<Prepared, DriverError> {
+        let inner = match &self.inner {
+            Some(p) => p.register(mem)?,
+            None => Prepared::none(),
+        };
+        self.wait(true)?;
+        Ok(Prepared::new(SlowDone(inner)))
+    }
+
+    fn unpack(&self, part: &KeyPart<'_>) -> Result<Prepared, DriverError> {
+        let inner = match &self.inner {
+            Some(p) => p.unpack(part)?,
+            None => Prepared::none(),
+        };
+        self.wait(false)?;
+        Ok(Prepared::new(SlowDone(inner)))
     }
 }

@@ -11,9 +11,9 @@
 
 use ringfence::{
     Completion, Connect, Driver, DriverContext, DriverEp, DriverMemKey, DriverMemory, DriverRkey,
-    EndpointId, EndpointState, Loopback, MemDesc, MemKind, NotifyPool, Op, OpKind, Posted,
-    QueuePair, Quiesce, Quiesced, RegisteredBuf, RkeyId, SimDriver, SimEvent, SimHandle, SimTiming,
-    Token, Worker,
+    EndpointId, EndpointState, KeyPart, Loopback, MemDesc, MemKind, MemKinds, NotifyPool, Op,
+    OpKind, Posted, Prepared, QueuePair, Quiesce, Quiesced, RegisteredBuf, RkeyId, SimDriver,
+    SimEvent, SimHandle, SimTiming, Token, Unpacked, Worker,
 };
 use ringfence_ring::{Cqe, FenceMode, RemoteBuf, Sqe, Status};
 use std::os::fd::{AsFd, BorrowedFd};
@@ -576,17 +576,29 @@ struct Bare {
     local_key: DriverMemKey,
 }
 
+/// Registers `desc` with `sim` through both phases, as a worker does.
+fn register(sim: &mut SimDriver<Loopback>, desc: MemDesc) -> DriverMemKey {
+    let prepared = sim.prepare().expect("a first phase");
+    let prepared = prepared.register(&desc).unwrap();
+    sim.register(&desc, prepared).unwrap().key().unwrap()
+}
+
 fn bare(lanes: u8, connect: SimTiming) -> Bare {
     let mut target = Loopback::new();
     let window = vec![0u64; 1024];
     let window_addr = window.as_ptr() as u64;
     let key = target
-        .register(&MemDesc {
-            addr: window_addr,
-            len: 8192,
-            kind: MemKind::Host,
-            secret: 0x1234,
-        })
+        .register(
+            &MemDesc {
+                addr: window_addr,
+                len: 8192,
+                kind: MemKind::Host,
+                secret: 0x1234,
+            },
+            Prepared::none(),
+        )
+        .unwrap()
+        .key()
         .unwrap();
     let blob = target.pack_rkey(key).unwrap();
     let (mut sim, handle) = SimDriver::new(Loopback::new());
@@ -599,16 +611,26 @@ fn bare(lanes: u8, connect: SimTiming) -> Bare {
     };
     let done = poll_until(&mut sim, Token(77));
     assert_eq!(done.result, Ok(0));
-    let rkey = sim.unpack_rkey(ep, &blob).unwrap();
+    let part = KeyPart {
+        kind: MemKind::Host,
+        base: window_addr,
+        len: 8192,
+        blob: &blob,
+    };
+    let prepared = sim.prepare().expect("a first phase").unpack(&part).unwrap();
+    let Unpacked::Key(rkey) = sim.unpack_rkey(ep, &part, prepared).unwrap() else {
+        panic!("loopback reaches host memory");
+    };
     let local = sim.alloc_memory(8192, MemKind::Host).unwrap().unwrap();
-    let local_key = sim
-        .register(&MemDesc {
+    let local_key = register(
+        &mut sim,
+        MemDesc {
             addr: local.addr(),
             len: 8192,
             kind: MemKind::Host,
             secret: 1,
-        })
-        .unwrap();
+        },
+    );
     Bare {
         sim,
         handle,
@@ -823,15 +845,15 @@ fn the_wake_descriptor_follows_what_is_due() {
 fn quiesce_cancels_what_uses_the_memory_and_later_accesses_are_violations() {
     let mut b = bare(1, SimTiming::Polls(1));
     let other = b.sim.alloc_memory(64, MemKind::Host).unwrap().unwrap();
-    let other_key = b
-        .sim
-        .register(&MemDesc {
+    let other_key = register(
+        &mut b.sim,
+        MemDesc {
             addr: other.addr(),
             len: 64,
             kind: MemKind::Host,
             secret: 2,
-        })
-        .unwrap();
+        },
+    );
     let mut on_other = b.put(0, 0, 16);
     on_other.local_addr = other.addr();
     on_other.local_key = Some(other_key);
@@ -926,7 +948,7 @@ fn a_named_simulated_driver_stands_in_for_a_device_driver() {
     let (host_only, host_window) = target(4096);
 
     let (sim, handle) = SimDriver::named(Loopback::new(), "sim");
-    let sim = sim.with_mem_kinds(&[MemKind::Host, MemKind::Cuda]);
+    let sim = sim.with_mem_kinds(MemKinds::HOST.union(MemKinds::CUDA));
     let w = Worker::builder()
         .driver(Loopback::new())
         .driver(sim)
@@ -939,8 +961,8 @@ fn a_named_simulated_driver_stands_in_for_a_device_driver() {
     let rkey = w
         .unpack_rkey(ep, &t.pack_rkey(window.handle()).unwrap())
         .unwrap();
-    let device = w.alloc_registered_kind(4096, MemKind::Cuda).unwrap();
-    assert_eq!(device.kind(), MemKind::Cuda);
+    let device = w.alloc_registered_kind(4096, MemKind::Cuda(0)).unwrap();
+    assert_eq!(device.kind(), MemKind::Cuda(0));
     assert!(
         handle
             .events()

@@ -3,7 +3,8 @@
 
 use ringfence::{
     Capabilities, Completion, Connect, Driver, DriverContext, DriverEp, DriverError, DriverMemKey,
-    DriverRkey, LaneMask, Loopback, MemDesc, Op, Posted, Token, Worker,
+    KeyPart, LaneMask, Loopback, MemDesc, Op, Posted, Prepared, Registered, Token, Unpacked,
+    Worker,
 };
 use ringfence_ring::{RemoteBuf, Sqe};
 use std::time::{Duration, Instant};
@@ -36,8 +37,8 @@ impl Driver for Flood {
     fn disconnect(&mut self, ep: DriverEp) {
         self.inner.disconnect(ep);
     }
-    fn register(&mut self, mem: &MemDesc) -> Result<DriverMemKey, DriverError> {
-        self.inner.register(mem)
+    fn register(&mut self, mem: &MemDesc, prepared: Prepared) -> Result<Registered, DriverError> {
+        self.inner.register(mem, prepared)
     }
     fn deregister(&mut self, key: DriverMemKey) {
         self.inner.deregister(key);
@@ -45,8 +46,13 @@ impl Driver for Flood {
     fn pack_rkey(&self, key: DriverMemKey) -> Result<Vec<u8>, DriverError> {
         self.inner.pack_rkey(key)
     }
-    fn unpack_rkey(&mut self, ep: DriverEp, blob: &[u8]) -> Result<DriverRkey, DriverError> {
-        self.inner.unpack_rkey(ep, blob)
+    fn unpack_rkey(
+        &mut self,
+        ep: DriverEp,
+        part: &KeyPart<'_>,
+        prepared: Prepared,
+    ) -> Result<Unpacked, DriverError> {
+        self.inner.unpack_rkey(ep, part, prepared)
     }
     #[allow(unsafe_code)]
     unsafe fn post(&mut self, ep: DriverEp, op: &Op, token: Token) -> Posted {

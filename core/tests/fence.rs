@@ -1154,8 +1154,9 @@ impl ringfence::Driver for Reentrant {
     fn register(
         &mut self,
         mem: &ringfence::MemDesc,
-    ) -> Result<ringfence::DriverMemKey, ringfence::DriverError> {
-        self.inner.register(mem)
+        prepared: ringfence::Prepared,
+    ) -> Result<ringfence::Registered, ringfence::DriverError> {
+        self.inner.register(mem, prepared)
     }
     fn deregister(&mut self, key: ringfence::DriverMemKey) {
         self.inner.deregister(key);
@@ -1166,9 +1167,10 @@ impl ringfence::Driver for Reentrant {
     fn unpack_rkey(
         &mut self,
         ep: DriverEp,
-        blob: &[u8],
-    ) -> Result<ringfence::DriverRkey, ringfence::DriverError> {
-        self.inner.unpack_rkey(ep, blob)
+        part: &ringfence::KeyPart<'_>,
+        prepared: ringfence::Prepared,
+    ) -> Result<ringfence::Unpacked, ringfence::DriverError> {
+        self.inner.unpack_rkey(ep, part, prepared)
     }
     unsafe fn post(
         &mut self,

@@ -4,8 +4,8 @@
 //! timing and its flushes can be set and seen.
 
 use ringfence::{
-    CompletionMode, Error, FaultHandle, FaultInjector, Loopback, MemKind, OpKind, QueuePair,
-    RegisteredBuf, RkeyId, Timing, Worker, run_sqes as run,
+    CompletionMode, Error, FaultHandle, FaultInjector, Loopback, MemKind, MemKinds, OpKind,
+    QueuePair, RegisteredBuf, RkeyId, Timing, Worker, run_sqes as run,
 };
 use ringfence_ring::{Cqe, FenceMode, RemoteBuf, Sqe, Status};
 
@@ -28,7 +28,7 @@ struct Mixed {
     qp: QueuePair,
 }
 
-const KINDS: &[MemKind] = &[MemKind::Host, MemKind::Cuda];
+const KINDS: MemKinds = MemKinds::HOST.union(MemKinds::CUDA);
 
 fn mixed() -> Mixed {
     let (a_driver, a) = FaultInjector::new(Loopback::new().named("lb-a"));
@@ -113,13 +113,13 @@ fn device_memory_with_only_host_drivers_is_a_clear_error() {
         .ignore_env()
         .build()
         .unwrap();
-    match w.alloc_registered_kind(4096, MemKind::Cuda) {
+    match w.alloc_registered_kind(4096, MemKind::Cuda(0)) {
         Err(Error::Unsupported(why)) => assert!(why.contains("Cuda"), "{why}"),
         other => panic!("expected Unsupported, got {other:?}"),
     }
     let mut host = vec![0u8; 4096];
     // SAFETY: `host` outlives the worker's use of it (the call fails).
-    let registered = unsafe { w.register(host.as_mut_ptr(), host.len(), MemKind::Cuda) };
+    let registered = unsafe { w.register(host.as_mut_ptr(), host.len(), MemKind::Cuda(0)) };
     let err = registered.unwrap_err();
     assert_eq!(err.status(), Status::Unsupported);
     assert!(err.to_string().contains("loopback"), "{err}");
@@ -232,7 +232,7 @@ fn operations_take_a_driver_that_can_reach_their_memory() {
     // on it; the worker is dropped (and quiesced) before it.
     let handle = unsafe {
         m.initiator
-            .register(device.as_mut_ptr(), device.len(), MemKind::Cuda)
+            .register(device.as_mut_ptr(), device.len(), MemKind::Cuda(0))
             .unwrap()
     };
     let from_device = |len: u32, dst: u64, ud: u64| {

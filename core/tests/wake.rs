@@ -28,9 +28,9 @@
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use ringfence::{
     Capabilities, Completion, CompletionMode, Connect, Driver, DriverContext, DriverEp,
-    DriverError, DriverMemKey, DriverRkey, FaultInjector, LaneMask, Loopback, MemDesc, MemKind, Op,
-    OpKind, Posted, QueuePair, Quiesce, Quiesced, RegisteredBuf, SimDriver, SimTiming, Sleep,
-    Timing, Token, Worker,
+    DriverError, DriverMemKey, DriverRkey, FaultInjector, KeyPart, LaneMask, Loopback, MemDesc,
+    MemKinds, Op, OpKind, Posted, Prepared, QueuePair, Quiesce, Quiesced, Registered,
+    RegisteredBuf, SimDriver, SimTiming, Sleep, Timing, Token, Unpacked, Worker,
 };
 use ringfence_ring::{RemoteBuf, Sqe, Status};
 use std::collections::VecDeque;
@@ -297,7 +297,8 @@ impl Driver for Device {
     fn capabilities(&self) -> Capabilities {
         let mut caps = Capabilities::new(1, 1 << 20);
         caps.ordered_lanes = true;
-        caps.mem_kinds = &[MemKind::Host];
+        caps.mem_kinds = MemKinds::HOST;
+        caps.remote_kinds = MemKinds::HOST;
         caps
     }
 
@@ -321,9 +322,11 @@ impl Driver for Device {
 
     fn disconnect(&mut self, _ep: DriverEp) {}
 
-    fn register(&mut self, mem: &MemDesc) -> Result<DriverMemKey, DriverError> {
+    fn register(&mut self, mem: &MemDesc, _: Prepared) -> Result<Registered, DriverError> {
         self.regions.push(Some((mem.addr, mem.len)));
-        Ok(DriverMemKey(self.regions.len() as u64 - 1))
+        Ok(Registered::Shared(DriverMemKey(
+            self.regions.len() as u64 - 1,
+        )))
     }
 
     fn deregister(&mut self, key: DriverMemKey) {
@@ -336,10 +339,15 @@ impl Driver for Device {
         Ok(key.0.to_le_bytes().to_vec())
     }
 
-    fn unpack_rkey(&mut self, _ep: DriverEp, blob: &[u8]) -> Result<DriverRkey, DriverError> {
-        let key = <[u8; 8]>::try_from(blob)
+    fn unpack_rkey(
+        &mut self,
+        _ep: DriverEp,
+        part: &KeyPart<'_>,
+        _: Prepared,
+    ) -> Result<Unpacked, DriverError> {
+        let key = <[u8; 8]>::try_from(part.blob)
             .map_err(|_| DriverError::new(Status::InvalidArgument, "malformed key"))?;
-        Ok(DriverRkey(u64::from_le_bytes(key) as u32))
+        Ok(Unpacked::Key(DriverRkey(u64::from_le_bytes(key) as u32)))
     }
 
     unsafe fn post(&mut self, _ep: DriverEp, op: &Op, token: Token) -> Posted {

@@ -38,7 +38,7 @@ fn target() {
     }
 }
 
-/// The driver's part of a worker key blob: u32 length, core's header (26
+/// The driver's part of a worker key blob: u32 length, core's header (29
 /// bytes + the driver's name), then the driver's own blob, 48 bytes.
 /// The shm driver's 48-byte part of a packed key of one part: last but
 /// for the key's 4-byte integrity check.
@@ -169,7 +169,7 @@ fn out_of_bounds_forged_and_revoked_accesses_are_refused() {
     // a correct check, the driver checks the target's true bounds and
     // refuses.
     let mut wide = key.clone();
-    wide[PART + 14..PART + 22].copy_from_slice(&(1u64 << 20).to_le_bytes());
+    wide[PART + 17..PART + 25].copy_from_slice(&(1u64 << 20).to_le_bytes());
     assert!(matches!(
         w.unpack_rkey(ep, &wide).unwrap_err(),
         ringfence::Error::Malformed { .. }

@@ -40,8 +40,18 @@
 //!   never finish answers [`Quiesced::Leak`], and the memory is leaked
 //!   rather than freed.
 //! - **Memory kinds.** A driver registers only the [`MemKind`]s its
-//!   [`Capabilities::mem_kinds`] lists; device memory never reaches a
-//!   host-only driver.
+//!   [`Capabilities::mem_kinds`] lists, and unpacks only key parts of
+//!   memory its [`Capabilities::remote_kinds`] reaches; device memory
+//!   never reaches a host-only driver. Each registration may be
+//!   [declined](Registered::Declined) or kept for [local
+//!   use](Registered::Local), and each key part found
+//!   [unreachable](Unpacked::Unreachable): an operation goes to a driver
+//!   that holds both its local memory and its remote part, or fails with
+//!   [`Status::Unsupported`].
+//! - **Slow registration runs unlocked.** What takes long (pinning a
+//!   large region, opening an IPC handle) runs in a [`Prepare`] phase
+//!   without the engine lock, while other endpoints progress; the short
+//!   second phase (`register`, `unpack_rkey`) takes its result.
 //! - **The direct path is an extension.** A driver that finishes
 //!   operations inside the call may offer [`DirectPath`] through
 //!   [`Driver::direct`]; the engine uses it only when offered.
@@ -55,7 +65,7 @@ mod direct;
 pub use direct::{DirectPath, execute_by_post};
 
 use crate::NotifyPool;
-use crate::memory::MemKind;
+use crate::memory::{MemKind, MemKinds};
 use ringfence_ring::{AtomicOp, Status};
 use std::fmt;
 use std::os::fd::BorrowedFd;
@@ -119,8 +129,17 @@ pub struct Capabilities {
     /// dirty one (a transport fence flag, no flush), and by a flush
     /// otherwise (FENCE.md R8, R9).
     pub notify_ordered: bool,
-    /// Memory kinds it can register.
-    pub mem_kinds: &'static [MemKind],
+    /// Memory kinds it registers (for local use, remote access or both:
+    /// [`Registered`]).
+    pub mem_kinds: MemKinds,
+    /// Memory kinds at a peer it reaches: a part of a peer's key for
+    /// memory of another kind is never unpacked by it, and operations on
+    /// that key take another driver's lanes (or fail with
+    /// [`Status::Unsupported`]). A CUDA driver that copies between host
+    /// and device memory registers both kinds but reaches only a peer's
+    /// device memory (IPC maps nothing else): host-to-host PUTs then go to
+    /// shm or tcp.
+    pub remote_kinds: MemKinds,
     /// Most lanes per endpoint, `1..=64`.
     pub max_lanes: u8,
     /// Largest single PUT/GET/NOTIFY in bytes, at least 1.
@@ -139,7 +158,8 @@ impl Capabilities {
             get: false,
             notify: false,
             notify_ordered: false,
-            mem_kinds: &[],
+            mem_kinds: MemKinds::NONE,
+            remote_kinds: MemKinds::NONE,
             max_lanes,
             max_len,
         }
@@ -156,7 +176,8 @@ impl Capabilities {
             get: true,
             notify: true,
             notify_ordered: true,
-            mem_kinds: &[MemKind::Host],
+            mem_kinds: MemKinds::HOST,
+            remote_kinds: MemKinds::HOST,
             max_lanes,
             max_len,
         }
@@ -176,7 +197,12 @@ impl Capabilities {
 
     /// Whether memory of `kind` can be registered.
     pub fn supports_mem_kind(&self, kind: MemKind) -> bool {
-        self.mem_kinds.contains(&kind)
+        self.mem_kinds.contains(kind)
+    }
+
+    /// Whether a peer's memory of `kind` can be reached.
+    pub fn reaches(&self, kind: MemKind) -> bool {
+        self.remote_kinds.contains(kind)
     }
 }
 
@@ -461,6 +487,144 @@ pub struct DriverMemKey(pub u64);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct DriverRkey(pub u32);
 
+/// What [`Driver::register`] did with memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Registered {
+    /// Registered for local use and remote access: packed keys carry this
+    /// driver's part ([`Driver::pack_rkey`]).
+    Shared(DriverMemKey),
+    /// Registered for local use only: the driver runs operations whose
+    /// local side is this memory, but peers never reach it through this
+    /// driver (packed keys carry no part of it). A CUDA driver's pinned
+    /// host memory for host-device copies.
+    Local(DriverMemKey),
+    /// Not this driver's: it keeps nothing, the engine never names this
+    /// memory to it again (no `deregister`, no `quiesce` of it), and its
+    /// operations never use it. Other drivers may still register it; if
+    /// none does, registration fails with [`Status::Unsupported`].
+    Declined,
+}
+
+impl Registered {
+    /// The key, unless declined.
+    pub fn key(self) -> Option<DriverMemKey> {
+        match self {
+            Registered::Shared(key) | Registered::Local(key) => Some(key),
+            Registered::Declined => None,
+        }
+    }
+}
+
+/// What [`Driver::unpack_rkey`] made of a peer's key part.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unpacked {
+    /// A handle for operations on the endpoint.
+    Key(DriverRkey),
+    /// The part is well formed, but names memory this driver cannot reach
+    /// from here (device memory of another host, an IPC handle this
+    /// process cannot open): the engine skips it, and operations on the
+    /// key take another driver's lanes. The driver keeps nothing
+    /// (no [`Driver::release_rkey`] follows). If no part of a key is
+    /// usable, unpacking fails with [`Status::Unsupported`].
+    Unreachable,
+}
+
+/// One driver's part of a peer's packed key, as the engine decoded and
+/// checked it (the packed key's integrity check passed, and the part
+/// names this driver): the region it covers at the peer, and the blob the
+/// peer's driver of the same name packed. The blob is still the peer's
+/// word: the driver validates it.
+#[derive(Debug, Clone, Copy)]
+pub struct KeyPart<'a> {
+    /// What memory the region is at the peer (one of this driver's
+    /// [`Capabilities::remote_kinds`]).
+    pub kind: MemKind,
+    /// The region's address, in the peer's address space.
+    pub base: u64,
+    /// The region's length in bytes, at least 1.
+    pub len: u64,
+    /// The peer driver's own part.
+    pub blob: &'a [u8],
+}
+
+/// The slow first phase of registering memory and unpacking keys, run
+/// without the engine lock (see [`Driver::prepare`]).
+///
+/// Registering a large region (`ibv_reg_mr` pins every page) or unpacking
+/// an IPC key (`cuIpcOpenMemHandle` maps device memory) can take
+/// milliseconds; under the engine lock that would stall every endpoint of
+/// the worker. A driver that has such work does it here, on the
+/// application thread that registers or unpacks, while the engine keeps
+/// progressing, and hands the result to the second phase
+/// ([`Driver::register`], [`Driver::unpack_rkey`]) as a [`Prepared`],
+/// which takes only the lock's short while (a table entry).
+///
+/// Both methods may run on several threads at once, and at the same time
+/// as any method of the driver: whatever they touch is theirs or
+/// thread-safe (a protection domain, a CUDA context). If the second phase
+/// never comes (another driver failed, the worker refused the
+/// registration), the [`Prepared`] is dropped: its value's `Drop` undoes
+/// the first phase (deregisters, closes the handle).
+pub trait Prepare: Send + Sync + fmt::Debug {
+    /// The slow part of registering `mem` (only of a kind in
+    /// [`Capabilities::mem_kinds`]). The default does nothing.
+    ///
+    /// # Errors
+    /// As [`Driver::register`]: the registration fails.
+    fn register(&self, mem: &MemDesc) -> Result<Prepared, DriverError> {
+        let _ = mem;
+        Ok(Prepared::none())
+    }
+
+    /// The slow part of unpacking `part` (only of a kind in
+    /// [`Capabilities::remote_kinds`]). The default does nothing.
+    ///
+    /// # Errors
+    /// As [`Driver::unpack_rkey`]: the unpack fails.
+    fn unpack(&self, part: &KeyPart<'_>) -> Result<Prepared, DriverError> {
+        let _ = part;
+        Ok(Prepared::none())
+    }
+}
+
+/// What a [`Prepare`] phase made, for the second phase to take
+/// ([`Prepared::take`]); empty for a driver without one.
+#[derive(Default)]
+pub struct Prepared(Option<Box<dyn std::any::Any + Send>>);
+
+impl Prepared {
+    /// Nothing prepared.
+    pub fn none() -> Prepared {
+        Prepared(None)
+    }
+
+    /// `value` for the second phase; dropped (undoing the first phase in
+    /// its `Drop`) if that never comes.
+    pub fn new<T: std::any::Any + Send>(value: T) -> Prepared {
+        Prepared(Some(Box::new(value)))
+    }
+
+    /// The value, if one of type `T` was prepared.
+    pub fn take<T: std::any::Any>(self) -> Option<T> {
+        self.0?.downcast().ok().map(|b| *b)
+    }
+
+    /// Whether nothing was prepared.
+    pub fn is_none(&self) -> bool {
+        self.0.is_none()
+    }
+}
+
+impl fmt::Debug for Prepared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Prepared(..)"
+        } else {
+            "Prepared(none)"
+        })
+    }
+}
+
 /// Memory to register with a driver.
 #[derive(Debug, Clone, Copy)]
 pub struct MemDesc {
@@ -635,12 +799,21 @@ pub trait Driver: Send + fmt::Debug + 'static {
     /// so that they carry its first cause.
     fn disconnect(&mut self, ep: DriverEp);
 
-    /// Registers memory for local use and remote access. Called only for
-    /// kinds in [`Capabilities::mem_kinds`].
+    /// Registers memory for local use and remote access
+    /// ([`Registered::Shared`]), for local use only
+    /// ([`Registered::Local`]), or not at all ([`Registered::Declined`]:
+    /// not this driver's memory). Called only for kinds in
+    /// [`Capabilities::mem_kinds`], under the engine lock, after
+    /// [`Prepare::register`] (if the driver has a [`prepare`](Driver::prepare)
+    /// phase) with what it made; `prepared` is empty otherwise. Must be
+    /// quick: slow work belongs in the first phase.
     ///
     /// # Errors
-    /// A resource ran out, or the driver refuses this memory.
-    fn register(&mut self, mem: &MemDesc) -> Result<DriverMemKey, DriverError>;
+    /// A resource ran out, or the driver would serve this memory but
+    /// cannot: the whole registration fails (the other drivers' keys are
+    /// withdrawn), so a driver answers `Err` only where the application
+    /// must hear of it, and `Declined` for memory it does not serve.
+    fn register(&mut self, mem: &MemDesc, prepared: Prepared) -> Result<Registered, DriverError>;
 
     /// Withdraws a registration: no remote access that starts after this
     /// returns succeeds, and the engine names the key again only in
@@ -656,17 +829,38 @@ pub trait Driver: Send + fmt::Debug + 'static {
     /// until it is over.
     fn deregister(&mut self, key: DriverMemKey);
 
-    /// The blob a peer needs to access a registration remotely.
+    /// The blob a peer needs to access a registration remotely. Asked
+    /// only for keys registered [`Registered::Shared`].
     ///
     /// # Errors
     /// The key is unknown.
     fn pack_rkey(&self, key: DriverMemKey) -> Result<Vec<u8>, DriverError>;
 
-    /// Turns a peer's blob into a handle usable on `ep`.
+    /// Turns a peer's key part into a handle usable on `ep`
+    /// ([`Unpacked::Key`]), or says that this driver cannot reach the
+    /// memory it names from here ([`Unpacked::Unreachable`]). Called only
+    /// for parts of a kind in [`Capabilities::remote_kinds`], under the
+    /// engine lock, after [`Prepare::unpack`] (if the driver has a
+    /// [`prepare`](Driver::prepare) phase) with what it made.
     ///
     /// # Errors
-    /// The blob is malformed, or names another peer.
-    fn unpack_rkey(&mut self, ep: DriverEp, blob: &[u8]) -> Result<DriverRkey, DriverError>;
+    /// The blob is malformed, or names another peer: the whole unpack
+    /// fails (parts other drivers unpacked are released).
+    fn unpack_rkey(
+        &mut self,
+        ep: DriverEp,
+        part: &KeyPart<'_>,
+        prepared: Prepared,
+    ) -> Result<Unpacked, DriverError>;
+
+    /// The slow first phase of [`register`](Driver::register) and
+    /// [`unpack_rkey`](Driver::unpack_rkey), run without the engine lock
+    /// ([`Prepare`]). Asked once, when the worker is built. `None` (the
+    /// default): the driver does everything in the second phase, which
+    /// suits work that takes a table entry's time.
+    fn prepare(&self) -> Option<Arc<dyn Prepare>> {
+        None
+    }
 
     /// Frees what [`unpack_rkey`](Driver::unpack_rkey) made for `rkey` on
     /// `ep` (a table entry, an IPC mapping, an imported handle); the

@@ -161,7 +161,7 @@ pub(super) fn encode_key(parts: &[Vec<u8>]) -> Vec<u8> {
 /// The parts of a packed remote key, in order, each decoded and checked
 /// (`memory::blob::decode`) before any of them is used: the magic, the
 /// format, the check, no bytes after the last part, no driver twice, and
-/// the same region in every part.
+/// the same region (and kind of memory) in every part.
 ///
 /// # Errors
 /// What is wrong with it.
@@ -192,7 +192,7 @@ pub(super) fn decode_key(key: &[u8]) -> Result<Vec<blob::Decoded<'_>>, &'static 
         }
         if parts
             .first()
-            .is_some_and(|p| (p.base, p.len) != (part.base, part.len))
+            .is_some_and(|p| (p.base, p.len, p.kind) != (part.base, part.len, part.kind))
         {
             return Err("the parts of the packed remote key disagree on the region");
         }
@@ -255,8 +255,12 @@ mod tests {
         fn disconnect(&mut self, ep: DriverEp) {
             self.inner.disconnect(ep);
         }
-        fn register(&mut self, mem: &MemDesc) -> Result<DriverMemKey, DriverError> {
-            self.inner.register(mem)
+        fn register(
+            &mut self,
+            mem: &MemDesc,
+            prepared: Prepared,
+        ) -> Result<Registered, DriverError> {
+            self.inner.register(mem, prepared)
         }
         fn deregister(&mut self, key: DriverMemKey) {
             self.inner.deregister(key);
@@ -267,9 +271,10 @@ mod tests {
         fn unpack_rkey(
             &mut self,
             ep: DriverEp,
-            blob: &[u8],
-        ) -> Result<crate::driver::DriverRkey, DriverError> {
-            self.inner.unpack_rkey(ep, blob)
+            part: &KeyPart<'_>,
+            prepared: Prepared,
+        ) -> Result<Unpacked, DriverError> {
+            self.inner.unpack_rkey(ep, part, prepared)
         }
         #[allow(unsafe_code)] // forwards the unsafe `post`
         unsafe fn post(
@@ -411,8 +416,8 @@ mod tests {
     )]
     fn a_packed_key_round_trips_and_every_damage_is_refused() {
         let parts = [
-            blob::encode("shm", 0x1000, 64, &[7; 48]),
-            blob::encode("tcp", 0x1000, 64, &[9; 44]),
+            blob::encode("shm", MemKind::Host, 0x1000, 64, &[7; 48]),
+            blob::encode("tcp", MemKind::Host, 0x1000, 64, &[9; 44]),
         ];
         let key = encode_key(&parts);
         let decoded = decode_key(&key).unwrap();
@@ -436,11 +441,15 @@ mod tests {
             decode_key(&twice).unwrap_err(),
             "the packed remote key has two parts for one driver"
         );
-        let other = blob::encode("tcp", 0x1000, 65, &[9; 44]);
-        assert_eq!(
-            decode_key(&encode_key(&[parts[0].clone(), other])).unwrap_err(),
-            "the parts of the packed remote key disagree on the region"
-        );
+        for other in [
+            blob::encode("tcp", MemKind::Host, 0x1000, 65, &[9; 44]),
+            blob::encode("tcp", MemKind::Cuda(0), 0x1000, 64, &[9; 44]),
+        ] {
+            assert_eq!(
+                decode_key(&encode_key(&[parts[0].clone(), other])).unwrap_err(),
+                "the parts of the packed remote key disagree on the region"
+            );
+        }
         let mut padded = key[..key.len() - 4].to_vec();
         padded.push(0);
         checksum::seal(&mut padded);

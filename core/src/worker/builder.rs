@@ -153,6 +153,15 @@ impl WorkerBuilder {
         notify.set_waker(sq_bell.clone());
         let engine = Engine::new(config, drivers, notify.clone());
         let address = encode_address(&engine.drivers)?;
+        let drivers = engine
+            .drivers
+            .iter()
+            .map(|d| DriverInfo {
+                name: d.name(),
+                caps: d.capabilities(),
+                prepare: d.prepare(),
+            })
+            .collect();
         tracing::debug!(drivers = ?engine.drivers.iter().map(|d| d.name()).collect::<Vec<_>>(), "worker built");
         Ok(Worker {
             shared: Arc::new(Shared {
@@ -162,6 +171,7 @@ impl WorkerBuilder {
                 shut_down: AtomicBool::new(false),
                 core_naps: Default::default(),
                 core_running: AtomicBool::new(false),
+                drivers,
             }),
             core: None,
             address,

@@ -26,43 +26,67 @@ impl Worker {
             kind,
             secret,
         };
-        let mut engine = self.shared.engine();
-        if !engine
-            .drivers
-            .iter()
-            .any(|d| d.capabilities().supports_mem_kind(kind))
-        {
+        let drivers = &self.shared.drivers;
+        if !drivers.iter().any(|d| d.caps.supports_mem_kind(kind)) {
             return Err(Error::Unsupported(format!(
                 "no driver of this worker registers {kind:?} memory (drivers: {:?})",
-                engine.drivers.iter().map(|d| d.name()).collect::<Vec<_>>()
+                drivers.iter().map(|d| d.name).collect::<Vec<_>>()
             )));
         }
-        // Each driver that supports the kind registers it; the others
-        // never see it (device memory never reaches a host-only driver).
-        let mut keys = Vec::with_capacity(engine.drivers.len());
-        for d in 0..engine.drivers.len() {
-            if !engine.drivers[d].capabilities().supports_mem_kind(kind) {
+        // Phase one, without the engine lock: each driver that supports
+        // the kind does its slow part (pinning, mapping) while the engine
+        // progresses. Drivers that do not support it never see it (device
+        // memory never reaches a host-only driver).
+        let mut prepared = Vec::with_capacity(drivers.len());
+        for d in drivers {
+            prepared.push(match &d.prepare {
+                Some(p) if d.caps.supports_mem_kind(kind) => {
+                    p.register(&desc).map_err(|source| Error::Driver {
+                        driver: d.name,
+                        op: "register",
+                        source,
+                    })?
+                }
+                _ => Prepared::none(),
+            });
+        }
+        // Phase two, under the lock: each takes its part's result.
+        let mut engine = self.shared.engine();
+        let mut keys = Vec::with_capacity(drivers.len());
+        let mut local_only = Vec::new();
+        for (d, prepared) in prepared.into_iter().enumerate() {
+            if !drivers[d].caps.supports_mem_kind(kind) {
                 keys.push(None);
                 continue;
             }
-            let name = engine.drivers[d].name();
-            match engine.drivers[d].register(&desc) {
-                Ok(key) => keys.push(Some(key)),
+            match engine.drivers[d].register(&desc, prepared) {
+                Ok(registered) => {
+                    if let Registered::Local(_) = registered {
+                        local_only.push(d as u8);
+                    }
+                    keys.push(registered.key());
+                }
                 Err(source) => {
                     withdraw_unused(&mut engine, &desc, owned, &keys);
                     return Err(Error::Driver {
-                        driver: name,
+                        driver: drivers[d].name,
                         op: "register",
                         source,
                     });
                 }
             }
         }
+        if keys.iter().all(Option::is_none) {
+            return Err(Error::Unsupported(format!(
+                "every driver of this worker that registers {kind:?} memory declined this region"
+            )));
+        }
         let registration = Registration {
             base: addr,
             len,
             kind,
             keys,
+            local_only,
             inflight: 0,
             _owned: owned,
         };
@@ -173,7 +197,7 @@ impl Worker {
                 op: "alloc_registered",
                 source,
             })?),
-            MemKind::Cuda => None,
+            MemKind::Cuda(_) => None,
         };
         let from_driver = {
             let mut engine = self.shared.engine();
@@ -289,11 +313,14 @@ impl Worker {
         self.shared.engine().unreleased()
     }
 
-    /// The blob a peer unpacks to access a registration: exact bounds plus
-    /// the driver's part, which carries a random secret.
+    /// The blob a peer unpacks to access a registration: exact bounds, the
+    /// memory's kind, and a part for each driver that registered it for
+    /// remote access (each carries a random secret).
     ///
     /// # Errors
-    /// [`Status::InvalidMemHandle`] for an unknown handle.
+    /// [`Status::InvalidMemHandle`] for an unknown handle;
+    /// [`Error::Unsupported`] if every driver that registered the memory
+    /// did so for local use only (no peer can reach it).
     pub fn pack_rkey(&self, handle: MemHandle) -> Result<Vec<u8>, Error> {
         let engine = self.shared.engine();
         let r = engine.mem.get(handle.as_raw()).ok_or(Error::Status {
@@ -303,13 +330,22 @@ impl Worker {
         let mut parts = Vec::new();
         for (d, key) in r.keys.iter().enumerate() {
             let Some(key) = key else { continue };
+            if r.local_only.contains(&(d as u8)) {
+                continue;
+            }
             let driver = &engine.drivers[d];
             let part = driver.pack_rkey(*key).map_err(|source| Error::Driver {
                 driver: driver.name(),
                 op: "pack_rkey",
                 source,
             })?;
-            parts.push(blob::encode(driver.name(), r.base, r.len, &part));
+            parts.push(blob::encode(driver.name(), r.kind, r.base, r.len, &part));
+        }
+        if parts.is_empty() {
+            return Err(Error::Unsupported(format!(
+                "no driver registered this {:?} memory for remote access",
+                r.kind
+            )));
         }
         Ok(encode_key(&parts))
     }
@@ -322,13 +358,26 @@ impl Worker {
     /// # Errors
     /// `InvalidRkey` if `rkey` was not unpacked for `ep` on this worker.
     pub fn rkey_bounds(&self, ep: EndpointId, rkey: RkeyId) -> Result<(u64, u64), Error> {
+        self.rkey(ep, rkey, "rkey_bounds").map(|k| (k.base, k.len))
+    }
+
+    /// What memory remote key `rkey` (unpacked for endpoint `ep`) reaches at
+    /// the peer, with the peer's device ordinal for device memory.
+    ///
+    /// # Errors
+    /// `InvalidRkey` if `rkey` was not unpacked for `ep` on this worker.
+    pub fn rkey_kind(&self, ep: EndpointId, rkey: RkeyId) -> Result<MemKind, Error> {
+        self.rkey(ep, rkey, "rkey_kind").map(|k| k.kind)
+    }
+
+    fn rkey(&self, ep: EndpointId, rkey: RkeyId, op: &'static str) -> Result<Rkey, Error> {
         self.shared
             .engine()
             .rkeys
             .get(rkey.as_raw(), ep.0)
-            .map(|k| (k.base, k.len))
+            .copied()
             .ok_or(Error::Status {
-                op: "rkey_bounds",
+                op,
                 status: Status::InvalidRkey,
             })
     }
@@ -340,68 +389,115 @@ impl Worker {
     /// check, so that a damaged one is refused before any driver sees it
     /// (and so before anything is sent to the target).
     ///
+    /// A part is skipped, and operations on the key take the lanes of
+    /// another of `ep`'s drivers, where its driver does not reach the
+    /// peer's kind of memory ([`Capabilities::remote_kinds`]) or finds it
+    /// unreachable from here ([`Unpacked::Unreachable`]). The slow part of
+    /// a driver's unpack ([`Prepare::unpack`], opening an IPC handle) runs
+    /// without the engine lock: other endpoints keep progressing.
+    ///
     /// # Errors
     /// [`Status::InvalidEndpoint`]; [`Error::Malformed`]
     /// ([`Status::InvalidArgument`]) for a blob that is malformed or fails
     /// its integrity check (a flipped bit, cut short, bytes after its
     /// end); [`Status::InvalidArgument`] for one without a part for any of
-    /// `ep`'s drivers; or a driver's error (its own part malformed:
-    /// `InvalidArgument`; refused by the target: `AccessDenied`,
-    /// `InvalidRkey`).
+    /// `ep`'s drivers; [`Error::Unsupported`] if every part was skipped; or
+    /// a driver's error (its own part malformed: `InvalidArgument`;
+    /// refused by the target: `AccessDenied`, `InvalidRkey`). On any error
+    /// nothing stays unpacked.
     pub fn unpack_rkey(&self, ep: EndpointId, key: &[u8]) -> Result<RkeyId, Error> {
-        let bad = || Error::Status {
-            op: "unpack_rkey",
-            status: Status::InvalidArgument,
-        };
         let parts = decode_key(key).map_err(|what| Error::Malformed {
             op: "unpack_rkey",
             what,
         })?;
-        let mut engine = self.shared.engine();
-        let Some(cold) = engine.cold.get(ep.0 as usize) else {
-            return Err(Error::Status {
-                op: "unpack_rkey",
-                status: Status::InvalidEndpoint,
-            });
+        let drivers = &self.shared.drivers;
+        let groups = self.groups(ep, "unpack_rkey")?;
+        // The part each group's driver takes, where it reaches the memory.
+        let mut named = false;
+        let mut plan = Vec::with_capacity(groups.len());
+        for (gi, &(driver, _)) in groups.iter().enumerate() {
+            let info = &drivers[driver];
+            let Some(part) = parts.iter().find(|p| p.driver == info.name) else {
+                continue;
+            };
+            named = true;
+            if info.caps.reaches(part.kind) {
+                plan.push((gi, driver, part));
+            }
+        }
+        let (base, len, kind) = match parts.first() {
+            Some(p) if named => (p.base, p.len, p.kind),
+            _ => {
+                return Err(Error::Status {
+                    op: "unpack_rkey",
+                    status: Status::InvalidArgument,
+                });
+            }
         };
-        let groups: Vec<(usize, DriverEp)> = cold
-            .groups
-            .iter()
-            .map(|g| (g.driver as usize, DriverEp(g.driver_ep)))
-            .collect();
+        // Phase one, without the engine lock.
+        let mut prepared = Vec::with_capacity(plan.len());
+        for &(_, driver, part) in &plan {
+            let info = &drivers[driver];
+            prepared.push(match &info.prepare {
+                Some(p) => p.unpack(&key_part(part)).map_err(|source| Error::Driver {
+                    driver: info.name,
+                    op: "unpack_rkey",
+                    source,
+                })?,
+                None => Prepared::none(),
+            });
+        }
+        // Phase two, under the lock. An endpoint's groups never change,
+        // and its index is never another endpoint's.
+        let mut engine = self.shared.engine();
         let mut entry = Rkey {
             endpoint: ep.0,
             parts: [None; MAX_GROUPS],
-            base: 0,
-            len: 0,
+            base,
+            len,
+            kind,
         };
-        let mut bounds = None;
-        for decoded in &parts {
-            for (gi, &(driver, driver_ep)) in groups.iter().enumerate() {
-                let name = engine.drivers[driver].name();
-                if decoded.driver != name || entry.parts[gi].is_some() {
-                    continue;
-                }
-                // Every part of one key describes the same region
-                // (`decode_key` checked).
-                bounds = Some((decoded.base, decoded.len));
-                let rkey = engine.drivers[driver]
-                    .unpack_rkey(driver_ep, decoded.driver_blob)
-                    .map_err(|source| Error::Driver {
-                        driver: name,
+        for (&(gi, driver, part), prepared) in plan.iter().zip(prepared) {
+            let driver_ep = groups[gi].1;
+            match engine.drivers[driver].unpack_rkey(driver_ep, &key_part(part), prepared) {
+                Ok(Unpacked::Key(rkey)) => entry.parts[gi] = Some(rkey),
+                Ok(Unpacked::Unreachable) => {}
+                Err(source) => {
+                    release_parts(&mut engine, &groups, &entry);
+                    return Err(Error::Driver {
+                        driver: drivers[driver].name,
                         op: "unpack_rkey",
                         source,
-                    })?;
-                entry.parts[gi] = Some(rkey);
+                    });
+                }
             }
         }
-        let (base, len) = bounds.ok_or_else(bad)?;
-        entry.base = base;
-        entry.len = len;
-        engine
-            .rkeys
-            .insert(entry)
-            .map_err(Error::status_of("unpack_rkey"))
+        if entry.parts.iter().all(Option::is_none) {
+            return Err(Error::Unsupported(format!(
+                "no driver of this endpoint reaches the peer's {kind:?} memory"
+            )));
+        }
+        engine.rkeys.insert(entry).map_err(|status| {
+            release_parts(&mut engine, &groups, &entry);
+            Error::Status {
+                op: "unpack_rkey",
+                status,
+            }
+        })
+    }
+
+    /// The (driver, driver endpoint) of each lane group of `ep`.
+    fn groups(&self, ep: EndpointId, op: &'static str) -> Result<Vec<(usize, DriverEp)>, Error> {
+        let engine = self.shared.engine();
+        let cold = engine.cold.get(ep.0 as usize).ok_or(Error::Status {
+            op,
+            status: Status::InvalidEndpoint,
+        })?;
+        Ok(cold
+            .groups
+            .iter()
+            .map(|g| (g.driver as usize, DriverEp(g.driver_ep)))
+            .collect())
     }
 
     /// Releases a remote key from [`unpack_rkey`](Worker::unpack_rkey):
@@ -447,8 +543,28 @@ fn withdraw_unused(
         len: desc.len,
         kind: desc.kind,
         keys: keys.to_vec(),
+        local_only: Vec::new(),
         inflight: 0,
         _owned: owned,
     };
     engine.park(None, registration, w);
+}
+
+/// Releases the driver parts of a key that was never handed out.
+fn release_parts(engine: &mut Engine, groups: &[(usize, DriverEp)], entry: &Rkey) {
+    for (&(driver, driver_ep), part) in groups.iter().zip(entry.parts) {
+        if let Some(rkey) = part {
+            engine.drivers[driver].release_rkey(driver_ep, rkey);
+        }
+    }
+}
+
+/// What a driver is given of a decoded key part.
+fn key_part<'a>(p: &blob::Decoded<'a>) -> KeyPart<'a> {
+    KeyPart {
+        kind: p.kind,
+        base: p.base,
+        len: p.len,
+        blob: p.driver_blob,
+    }
 }

@@ -1,7 +1,10 @@
 //! The worker: the public face of the engine.
 
 use crate::config::Config;
-use crate::driver::{Driver, DriverEp, DriverMemKey, MAX_LANES, MemDesc};
+use crate::driver::{
+    Capabilities, Driver, DriverEp, DriverMemKey, KeyPart, MAX_LANES, MemDesc, Prepare, Prepared,
+    Registered, Unpacked,
+};
 use crate::endpoint::{EndpointId, EndpointState, FenceState};
 use crate::engine::{Engine, EngineQueue, UnreleasedMemory};
 use crate::error::Error;
@@ -49,6 +52,18 @@ pub(super) struct Shared {
     /// A core thread runs (set after it started, cleared after it
     /// stopped): waits sleep instead of progressing inline.
     core_running: AtomicBool,
+    /// What registration and unpacking need to know of each driver before
+    /// they take the engine lock (same order as the engine's drivers).
+    drivers: Vec<DriverInfo>,
+}
+
+/// A driver's name, capabilities and first phase of registration
+/// ([`Driver::prepare`]): fixed when the worker is built.
+#[derive(Debug)]
+pub(super) struct DriverInfo {
+    name: &'static str,
+    caps: Capabilities,
+    prepare: Option<Arc<dyn Prepare>>,
 }
 
 impl Shared {

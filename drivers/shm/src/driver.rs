@@ -25,8 +25,8 @@ use nix::sys::socket::{
 use nix::unistd::Pid;
 use ringfence::{
     Capabilities, Completion, Connect, DirectPath, Driver, DriverContext, DriverEp, DriverError,
-    DriverMemKey, DriverMemory, DriverRkey, LaneMask, MemDesc, MemKind, NotifyPool, Op, OpKind,
-    PeerLimits, Posted, Quiesce, Quiesced, Sleep, Token,
+    DriverMemKey, DriverMemory, DriverRkey, KeyPart, LaneMask, MemDesc, MemKind, NotifyPool, Op,
+    OpKind, PeerLimits, Posted, Prepared, Quiesce, Quiesced, Registered, Sleep, Token, Unpacked,
 };
 use ringfence_ring::Status;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -783,7 +783,7 @@ impl Driver for Shm {
         }
     }
 
-    fn register(&mut self, mem: &MemDesc) -> Result<DriverMemKey, DriverError> {
+    fn register(&mut self, mem: &MemDesc, _prepared: Prepared) -> Result<Registered, DriverError> {
         if mem.kind != MemKind::Host {
             return Err(err(Status::Unsupported, "shm registers host memory only"));
         }
@@ -812,7 +812,9 @@ impl Driver for Shm {
             .insert(export)
             .map_err(|s| err(s, "every shm export slot is in use"))?;
         self.shared.status.set_live(slot, generation);
-        Ok(DriverMemKey(u64::from(slot) | u64::from(generation) << 32))
+        Ok(Registered::Shared(DriverMemKey(
+            u64::from(slot) | u64::from(generation) << 32,
+        )))
     }
 
     fn deregister(&mut self, key: DriverMemKey) {
@@ -883,8 +885,13 @@ impl Driver for Shm {
         .encode())
     }
 
-    fn unpack_rkey(&mut self, ep: DriverEp, blob: &[u8]) -> Result<DriverRkey, DriverError> {
-        let key = KeyBlob::decode(blob)
+    fn unpack_rkey(
+        &mut self,
+        ep: DriverEp,
+        part: &KeyPart<'_>,
+        _prepared: Prepared,
+    ) -> Result<Unpacked, DriverError> {
+        let key = KeyBlob::decode(part.blob)
             .ok_or_else(|| err(Status::InvalidArgument, "malformed shm key"))?;
         let conn = self
             .conns
@@ -963,13 +970,13 @@ impl Driver for Shm {
         // A released entry is reused (control path: a scan is fine).
         if let Some(i) = self.rkeys.iter().position(Option::is_none) {
             self.rkeys[i] = entry;
-            return Ok(DriverRkey(i as u32));
+            return Ok(Unpacked::Key(DriverRkey(i as u32)));
         }
         if self.rkeys.len() >= u32::MAX as usize {
             return Err(err(Status::NoResource, "too many keys"));
         }
         self.rkeys.push(entry);
-        Ok(DriverRkey(self.rkeys.len() as u32 - 1))
+        Ok(Unpacked::Key(DriverRkey(self.rkeys.len() as u32 - 1)))
     }
 
     fn release_rkey(&mut self, ep: DriverEp, rkey: DriverRkey) {

@@ -36,7 +36,7 @@ fn run(w: &Worker, other: &Worker, qp: &mut QueuePair, sqes: &[Sqe], expect: usi
 }
 
 /// The packed key's framing: `"RFKY"`, format, part count (6 bytes), the
-/// part's `u32` length, then core's part header (26 bytes + name), the
+/// part's `u32` length, then core's part header (29 bytes + name), the
 /// driver's part, and at the end the 4-byte integrity check.
 const KEY_HEADER: usize = 6 + 4;
 const CHECK: usize = 4;
@@ -45,7 +45,7 @@ const CHECK: usize = 4;
 fn driver_part(blob: &mut [u8]) -> &mut [u8] {
     let name_len = blob[KEY_HEADER + 5] as usize;
     let end = blob.len() - CHECK;
-    &mut blob[KEY_HEADER + 26 + name_len..end]
+    &mut blob[KEY_HEADER + 29 + name_len..end]
 }
 
 fn key_path_of(blob: &[u8]) -> Option<KeyPath> {

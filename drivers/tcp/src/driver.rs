@@ -15,8 +15,8 @@ use nix::sys::socket::{
 };
 use ringfence::{
     Capabilities, Completion, Connect, Driver, DriverContext, DriverEp, DriverError, DriverMemKey,
-    DriverRkey, LaneMask, MemDesc, MemKind, NotifyPool, Op, OpKind, PeerLimits, Posted, Quiesce,
-    Quiesced, Sleep, Token, peer_mem,
+    DriverRkey, KeyPart, LaneMask, MemDesc, MemKind, NotifyPool, Op, OpKind, PeerLimits, Posted,
+    Prepared, Quiesce, Quiesced, Registered, Sleep, Token, Unpacked, peer_mem,
 };
 use ringfence_ring::{AtomicOp, Status};
 use std::collections::VecDeque;
@@ -1666,7 +1666,7 @@ impl Driver for Tcp {
         }
     }
 
-    fn register(&mut self, mem: &MemDesc) -> Result<DriverMemKey, DriverError> {
+    fn register(&mut self, mem: &MemDesc, _prepared: Prepared) -> Result<Registered, DriverError> {
         if mem.kind != MemKind::Host {
             return Err(err(Status::Unsupported, "tcp registers host memory only"));
         }
@@ -1692,7 +1692,7 @@ impl Driver for Tcp {
             }
         };
         self.regs[id] = Some(reg);
-        Ok(DriverMemKey(id as u64))
+        Ok(Registered::Shared(DriverMemKey(id as u64)))
     }
 
     fn deregister(&mut self, key: DriverMemKey) {
@@ -1717,8 +1717,13 @@ impl Driver for Tcp {
         .encode())
     }
 
-    fn unpack_rkey(&mut self, ep: DriverEp, blob: &[u8]) -> Result<DriverRkey, DriverError> {
-        let key = KeyBlob::decode(blob)
+    fn unpack_rkey(
+        &mut self,
+        ep: DriverEp,
+        part: &KeyPart<'_>,
+        _prepared: Prepared,
+    ) -> Result<Unpacked, DriverError> {
+        let key = KeyBlob::decode(part.blob)
             .ok_or_else(|| err(Status::InvalidArgument, "malformed tcp key"))?;
         let endpoint = self
             .ep_mut(ep)
@@ -1734,10 +1739,10 @@ impl Driver for Tcp {
         // A released entry is reused (control path: a scan is fine).
         if let Some(i) = self.rkeys.iter().position(|k| k.ep == RELEASED) {
             self.rkeys[i] = entry;
-            return Ok(DriverRkey(i as u32));
+            return Ok(Unpacked::Key(DriverRkey(i as u32)));
         }
         self.rkeys.push(entry);
-        Ok(DriverRkey(self.rkeys.len() as u32 - 1))
+        Ok(Unpacked::Key(DriverRkey(self.rkeys.len() as u32 - 1)))
     }
 
     fn release_rkey(&mut self, ep: DriverEp, rkey: DriverRkey) {
