@@ -13,7 +13,10 @@
 #     put_lat_8B/ringfence_shm (ping-pong through the ring) and
 #     put_lat_8B/ringfence_shm_now (through `try_now`);
 #   - criterion bench `engine`: nop_roundtrip/ringfence (inline and with
-#     the core thread);
+#     the core thread) and wake/ringfence/core_thread_asleep (an 8-byte
+#     PUT submitted to a sleeping core thread, until its CQE);
+#   - criterion bench `tcp`: put_lat_8B/ringfence_tcp (ping-pong with a
+#     peer process over loopback TCP);
 #   - criterion bench `fence`: fence_cost (ns per PUT with no fence, weak
 #     and strong fences every 8 PUTs).
 # and prints each figure; at the end, per figure, the median of each build
@@ -32,10 +35,10 @@ OUT=$(mktemp -d /tmp/rf_ab.XXXXXX)
 command -v python3 >/dev/null || { echo "ab: SKIPPED: python3 is needed" >&2; exit 77; }
 
 # build DIR TARGET: the bench executables of the checkout in DIR, built
-# into TARGET; prints "shm=PATH engine=PATH fence=PATH".
+# into TARGET; prints "shm=PATH engine=PATH fence=PATH tcp=PATH".
 build() {
     (cd "$1" && CARGO_TARGET_DIR=$2 cargo bench -p ringfence-benches --bench shm --bench engine --bench fence \
-        --no-run --message-format=json 2>"$OUT/build.err") \
+        --bench tcp --no-run --message-format=json 2>"$OUT/build.err") \
         | python3 -c '
 import json, sys
 exes = {}
@@ -44,9 +47,9 @@ for line in sys.stdin:
         m = json.loads(line)
     except ValueError:
         continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("shm", "engine", "fence"):
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("shm", "engine", "fence", "tcp"):
         exes[m["target"]["name"]] = m["executable"]
-print("shm=%s engine=%s fence=%s" % (exes["shm"], exes["engine"], exes["fence"]))
+print("shm=%s engine=%s fence=%s tcp=%s" % (exes["shm"], exes["engine"], exes["fence"], exes["tcp"]))
 ' || { cat "$OUT/build.err" >&2; exit 1; }
 }
 
@@ -68,19 +71,23 @@ RESULTS="$OUT/results.txt"
 : >"$RESULTS"
 record() { echo "$1 $2 $3" >>"$RESULTS"; printf '  %-5s %-34s %s\n' "$1" "$2" "$3"; }
 
-# run_build NAME SHM ENGINE FENCE ROUND
+# run_build NAME SHM ENGINE FENCE TCP ROUND
 run_build() {
-    local name=$1 shm=$2 engine=$3 fence=$4 round=$5 home="$OUT/criterion.$1.$5"
+    local name=$1 shm=$2 engine=$3 fence=$4 tcp=$5 round=$6 home="$OUT/criterion.$1.$6"
     local args=(--bench --warm-up-time "$WARMUP" --measurement-time "$MEASURE")
     (cd "$ROOT" && CRITERION_HOME=$home "$shm" "${args[@]}" 'put_rate_8B/ringfence_shm$|put_lat_8B/ringfence_shm' \
         >"$OUT/$name.shm.$round.log" 2>&1) || { tail -30 "$OUT/$name.shm.$round.log" >&2; exit 1; }
-    (cd "$ROOT" && CRITERION_HOME=$home "$engine" "${args[@]}" 'nop_roundtrip/ringfence' \
+    (cd "$ROOT" && CRITERION_HOME=$home "$engine" "${args[@]}" 'nop_roundtrip/ringfence|wake/ringfence' \
         >"$OUT/$name.engine.$round.log" 2>&1) || { tail -30 "$OUT/$name.engine.$round.log" >&2; exit 1; }
     record "$name" put_rate_8B_Mops "$(python3 -c "print(1e3 / $(median_ns "$home" put_rate_8B/ringfence_shm))")"
     record "$name" put_lat_8B_ring_ns "$(median_ns "$home" put_lat_8B/ringfence_shm)"
     record "$name" put_lat_8B_now_ns "$(median_ns "$home" put_lat_8B/ringfence_shm_now)"
     record "$name" nop_inline_ns "$(median_ns "$home" 'nop_roundtrip/ringfence_inline_batch32')"
     record "$name" nop_core_thread_ns "$(median_ns "$home" 'nop_roundtrip/ringfence_core_thread_batch32')"
+    record "$name" wake_asleep_ns "$(median_ns "$home" 'wake/ringfence_core_thread_asleep')"
+    (cd "$ROOT" && CRITERION_HOME=$home "$tcp" "${args[@]}" 'put_lat_8B/ringfence_tcp$' \
+        >"$OUT/$name.tcp.$round.log" 2>&1) || { tail -30 "$OUT/$name.tcp.$round.log" >&2; exit 1; }
+    record "$name" tcp_put_lat_8B_ns "$(median_ns "$home" put_lat_8B/ringfence_tcp)"
     (cd "$ROOT" && CRITERION_HOME=$home "$fence" "${args[@]}" 'fence_cost' \
         >"$OUT/$name.fence.$round.log" 2>&1) || { tail -30 "$OUT/$name.fence.$round.log" >&2; exit 1; }
     local kind
@@ -92,11 +99,11 @@ run_build() {
 for round in $(seq 1 "$ROUNDS"); do
     echo "== round $round of $ROUNDS"
     if [ $((round % 2)) = 1 ]; then
-        run_build base "$base_shm" "$base_engine" "$base_fence" "$round"
-        run_build new "$new_shm" "$new_engine" "$new_fence" "$round"
+        run_build base "$base_shm" "$base_engine" "$base_fence" "$base_tcp" "$round"
+        run_build new "$new_shm" "$new_engine" "$new_fence" "$new_tcp" "$round"
     else
-        run_build new "$new_shm" "$new_engine" "$new_fence" "$round"
-        run_build base "$base_shm" "$base_engine" "$base_fence" "$round"
+        run_build new "$new_shm" "$new_engine" "$new_fence" "$new_tcp" "$round"
+        run_build base "$base_shm" "$base_engine" "$base_fence" "$base_tcp" "$round"
     fi
 done
 

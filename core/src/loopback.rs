@@ -193,7 +193,7 @@ impl Loopback {
 
     /// Claims to register, and to reach at a peer, memory of `kinds`
     /// (host memory only by default), for tests that stand in for a device
-    /// driver: memory registered as, say, [`MemKind::Cuda`] must still be
+    /// driver: memory registered as, say, [`MemKind::Cuda`](crate::MemKind::Cuda) must still be
     /// host memory, since this driver copies with the CPU.
     pub fn with_mem_kinds(mut self, kinds: MemKinds) -> Loopback {
         self.mem_kinds = kinds;

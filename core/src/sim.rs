@@ -1713,9 +1713,9 @@ impl Prepare for SlowPrepare {
         Ok(Prepared::new(SlowDone(inner)))
     }
 
-    fn unpack(&self, part: &KeyPart<'_>) -> Result<Prepared, DriverError> {
+    fn unpack(&self, ep: DriverEp, part: &KeyPart<'_>) -> Result<Prepared, DriverError> {
         let inner = match &self.inner {
-            Some(p) => p.unpack(part)?,
+            Some(p) => p.unpack(ep, part)?,
             None => Prepared::none(),
         };
         self.wait(false)?;

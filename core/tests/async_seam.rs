@@ -617,7 +617,8 @@ fn bare(lanes: u8, connect: SimTiming) -> Bare {
         len: 8192,
         blob: &blob,
     };
-    let prepared = sim.prepare().expect("a first phase").unpack(&part).unwrap();
+    let prepared = sim.prepare().expect("a first phase");
+    let prepared = prepared.unpack(ep, &part).unwrap();
     let Unpacked::Key(rkey) = sim.unpack_rkey(ep, &part, prepared).unwrap() else {
         panic!("loopback reaches host memory");
     };

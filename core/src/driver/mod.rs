@@ -576,13 +576,14 @@ pub trait Prepare: Send + Sync + fmt::Debug {
         Ok(Prepared::none())
     }
 
-    /// The slow part of unpacking `part` (only of a kind in
-    /// [`Capabilities::remote_kinds`]). The default does nothing.
+    /// The slow part of unpacking `part` for endpoint `ep` (only of a
+    /// kind in [`Capabilities::remote_kinds`]; a request to the peer, an
+    /// IPC handle to open). The default does nothing.
     ///
     /// # Errors
     /// As [`Driver::unpack_rkey`]: the unpack fails.
-    fn unpack(&self, part: &KeyPart<'_>) -> Result<Prepared, DriverError> {
-        let _ = part;
+    fn unpack(&self, ep: DriverEp, part: &KeyPart<'_>) -> Result<Prepared, DriverError> {
+        let _ = (ep, part);
         Ok(Prepared::none())
     }
 }

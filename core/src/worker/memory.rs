@@ -436,14 +436,17 @@ impl Worker {
         };
         // Phase one, without the engine lock.
         let mut prepared = Vec::with_capacity(plan.len());
-        for &(_, driver, part) in &plan {
+        for &(gi, driver, part) in &plan {
             let info = &drivers[driver];
             prepared.push(match &info.prepare {
-                Some(p) => p.unpack(&key_part(part)).map_err(|source| Error::Driver {
-                    driver: info.name,
-                    op: "unpack_rkey",
-                    source,
-                })?,
+                Some(p) => {
+                    p.unpack(groups[gi].1, &key_part(part))
+                        .map_err(|source| Error::Driver {
+                            driver: info.name,
+                            op: "unpack_rkey",
+                            source,
+                        })?
+                }
                 None => Prepared::none(),
             });
         }
