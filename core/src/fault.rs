@@ -120,6 +120,8 @@ struct Program {
     /// Kill the endpoint of the post whose number is the first field: it
     /// fails with the second status, the endpoint with the third.
     kills: Vec<(u64, Status, Status)>,
+    /// The same for the flush whose number is the first field.
+    flush_kills: Vec<(u64, Status, Status)>,
     /// Lanes replaced with their old channel lost, with the generation
     /// they had: what the injector holds there is lost at the next poll.
     lost_lanes: Vec<(DriverEp, u8, u32)>,
@@ -234,6 +236,16 @@ impl FaultHandle {
     /// [`Fails::Lost`], unexecuted.
     pub fn kill_endpoint_on_post(&self, n: u64, status: Status, cause: Status) {
         self.program().kills.push((n, status, cause));
+    }
+
+    /// As [`kill_endpoint_on_post`](FaultHandle::kill_endpoint_on_post),
+    /// for flush number `n` (0-based, over all flushes): it is held until
+    /// the operations it covers have run and the next poll, then completes
+    /// with `status`, naming `cause` as its endpoint's
+    /// ([`Fails::Endpoint`]); what is held on the endpoint after it is
+    /// lost.
+    pub fn kill_endpoint_on_flush(&self, n: u64, status: Status, cause: Status) {
+        self.program().flush_kills.push((n, status, cause));
     }
 
     /// The operations that took effect so far, in order.
@@ -358,6 +370,9 @@ struct HeldFlush {
     release_at: u64,
     due: Instant,
     fail: Option<Status>,
+    /// Completing it kills its endpoint with this cause
+    /// (`kill_endpoint_on_flush`).
+    kill: Option<Status>,
 }
 
 /// The fault-injecting driver wrapper; see the module docs.
@@ -416,6 +431,7 @@ impl<D: Driver> FaultInjector<D> {
             duplicate_flushes: 0,
             strays: Vec::new(),
             kills: Vec::new(),
+            flush_kills: Vec::new(),
             lost_lanes: Vec::new(),
             lost_flushes: Vec::new(),
         }));
@@ -556,7 +572,11 @@ impl<D: Driver> FaultInjector<D> {
                     Posted::NoResource => Err(Status::NoResource),
                 },
             };
-            let c = Completion::new(f.token, result);
+            let mut c = Completion::new(f.token, result);
+            if let Some(cause) = f.kill {
+                self.dead.push(f.ep.0);
+                c = c.failing(Fails::Endpoint(cause));
+            }
             self.flush_completed(c);
             out[*n] = c;
             *n += 1;
@@ -905,15 +925,25 @@ impl<D: Driver> Driver for FaultInjector<D> {
         if self.lost_to_dead(ep, token) {
             return Posted::InFlight;
         }
-        let (timing, fail, blocked) = {
+        let (timing, fail, kill, blocked) = {
             let mut p = self.program();
             p.flush_log.push((ep, lanes));
             let n = self.flush_count;
-            let fail = take_failure(&mut p.fail_flushes, |k| k == n);
-            (p.timing, fail, p.flushes_blocked)
+            let (fail, kill) = match p.flush_kills.iter().position(|k| k.0 == n) {
+                Some(i) => {
+                    let (_, status, cause) = p.flush_kills.remove(i);
+                    (Some(status), Some(cause))
+                }
+                None => (take_failure(&mut p.fail_flushes, |k| k == n), None),
+            };
+            (p.timing, fail, kill, p.flushes_blocked)
         };
         self.flush_count += 1;
-        if timing == Timing::Synchronous && !blocked && self.flush_clear(ep, lanes, self.seq) {
+        if timing == Timing::Synchronous
+            && kill.is_none()
+            && !blocked
+            && self.flush_clear(ep, lanes, self.seq)
+        {
             // Everything posted on these lanes has executed.
             let posted = match fail {
                 Some(status) => Posted::Done(Err(status)),
@@ -933,6 +963,7 @@ impl<D: Driver> Driver for FaultInjector<D> {
             release_at,
             due: due(timing),
             fail,
+            kill,
         });
         self.count_held();
         Posted::InFlight

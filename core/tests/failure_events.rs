@@ -212,3 +212,86 @@ fn a_fence_flush_lost_on_a_replaced_lane_is_flushed_again() {
     );
     assert_eq!(r.w.endpoint_state(r.id).unwrap(), EndpointState::Connected);
 }
+
+/// A flush split over two drivers' lanes, whose part on `b` names the
+/// endpoint dead while `a`'s part is held back (a peer that will never
+/// answer): the endpoint fails with `b`'s cause at once, without waiting
+/// for `a`'s part; the FLUSH completes once, when that part comes back,
+/// with the failed part's own status.
+#[test]
+fn a_split_flush_part_that_names_its_endpoint_dead_fails_it_at_once() {
+    const BIG: u32 = 1024;
+    let (a_driver, a) = FaultInjector::new(Loopback::new().named("a"));
+    let (b_driver, b) = FaultInjector::new(Loopback::new().named("b"));
+    let w = Worker::builder()
+        .driver(a_driver)
+        .driver(b_driver)
+        .bw_threshold(BIG)
+        .ignore_env()
+        .build()
+        .unwrap();
+    let target = Worker::builder()
+        .driver(Loopback::new().named("a"))
+        .driver(Loopback::new().named("b"))
+        .ignore_env()
+        .build()
+        .unwrap();
+    let window = target.alloc_registered(8192).unwrap();
+    let id = w
+        .connect_lanes(target.address(), &[("a", 1), ("b", 1)])
+        .unwrap();
+    let rkey = w
+        .unpack_rkey(id, &target.pack_rkey(window.handle()).unwrap())
+        .unwrap();
+    let src = w.alloc_registered(8192).unwrap();
+    let mut qp = w.create_queue().unwrap();
+    let put = |len: u32, user_data: u64| {
+        let remote = RemoteBuf {
+            rkey: rkey.as_raw(),
+            addr: window.addr(),
+        };
+        Sqe::put(id.as_raw(), src.local(0), remote, len).with_user_data(user_data)
+    };
+    a.block_flushes(true);
+    b.kill_endpoint_on_flush(0, Status::Transport, Status::AccessDenied);
+    // A small PUT takes a's lane, a large one b's: the FLUSH has a part on
+    // each driver.
+    qp.push_batch(&[
+        put(8, 1),
+        put(2 * BIG, 2),
+        Sqe::flush(id.as_raw()).with_user_data(3),
+    ])
+    .unwrap();
+    qp.submit();
+    let deadline = Instant::now() + HANG;
+    let mut cqes = Vec::new();
+    while w.endpoint_state(id).unwrap() != EndpointState::Failed(Status::AccessDenied) {
+        w.progress();
+        while let Some(c) = qp.pop().unwrap() {
+            cqes.push(c);
+        }
+        assert!(Instant::now() < deadline, "hung: {cqes:?}");
+    }
+    assert_eq!(res(&cqes, 1), 8);
+    assert_eq!(res(&cqes, 2), 2 * BIG as i32);
+    assert!(
+        cqes.iter().all(|c| c.user_data != 3),
+        "the FLUSH waits for a's part: {cqes:?}"
+    );
+    assert!(a.held() > 0, "a's part is still held");
+    a.block_flushes(false);
+    while cqes.len() < 3 {
+        w.progress();
+        while let Some(c) = qp.pop().unwrap() {
+            cqes.push(c);
+        }
+        assert!(Instant::now() < deadline, "hung: {cqes:?}");
+    }
+    // Its own part's status, as a failing operation keeps its own (the
+    // endpoint's cause is the sticky status).
+    assert_eq!(res(&cqes, 3), Status::Transport.as_raw(), "{cqes:?}");
+    for _ in 0..10 {
+        w.progress();
+    }
+    assert_eq!(qp.pop().unwrap(), None, "one CQE per SQE");
+}

@@ -26,7 +26,8 @@ use nix::unistd::Pid;
 use ringfence::{
     Capabilities, Completion, Connect, DirectPath, Driver, DriverContext, DriverEp, DriverError,
     DriverMemKey, DriverMemory, DriverRkey, KeyPart, LaneMask, MemDesc, MemKind, NotifyPool, Op,
-    OpKind, PeerLimits, Posted, Prepared, Quiesce, Quiesced, Registered, Sleep, Token, Unpacked,
+    OpKind, PeerLimits, Posted, Prepare, Prepared, Quiesce, Quiesced, Registered, Sleep, Token,
+    Unpacked,
 };
 use ringfence_ring::Status;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -156,6 +157,7 @@ impl ShmBuilder {
             notify: None,
             allocs: Vec::new(),
             conns: Vec::new(),
+            peers: Peers::default(),
             rkeys: Vec::new(),
             inbound: Arc::from(Vec::new()),
             inbound_seen: 0,
@@ -175,18 +177,145 @@ impl Conn {
         match self.liveness.state() {
             Word::Alive => true,
             Word::Gone => false,
-            Word::Unarmed => socket_open(&self.socket),
+            Word::Unarmed => socket_open(&self.control.socket),
         }
     }
+}
+
+/// A connection's control channel: requests to the peer's control thread
+/// and their replies, one exchange at a time. Shared with the first phase
+/// of unpacks ([`ShmPrepare`]), which asks the peer without the engine
+/// lock.
+#[derive(Debug)]
+struct Control {
+    /// Blocking; control requests and their replies.
+    socket: OwnedFd,
+    /// The last request's sequence number, held for a whole exchange.
+    seq: Mutex<u32>,
+}
+
+/// What the first phase of an unpack needs of a connection that is up.
+#[derive(Debug, Clone)]
+struct PeerControl {
+    control: Arc<Control>,
+    liveness: Arc<Liveness>,
+    instance: u64,
+}
+
+/// The connections that are up, by endpoint, for [`ShmPrepare`].
+type Peers = Arc<Mutex<Vec<Option<PeerControl>>>>;
+
+/// The first phase of [`Shm`]'s unpacks ([`Driver::prepare`]): the MAP
+/// round trip to the peer's control thread, and mapping its memfd, run on
+/// the application's thread without the engine lock. A peer that is slow
+/// to answer (stopped, swapped out) then stalls only this unpack, for at
+/// most the control timeout, not every endpoint of the worker.
+#[derive(Debug)]
+struct ShmPrepare {
+    peers: Peers,
+}
+
+impl Prepare for ShmPrepare {
+    fn unpack(&self, ep: DriverEp, part: &KeyPart<'_>) -> Result<Prepared, DriverError> {
+        let peer = lock(&self.peers)
+            .get(ep.0 as usize)
+            .and_then(Option::clone)
+            .ok_or_else(|| err(Status::InvalidEndpoint, "not connected"))?;
+        Ok(Prepared::new(map_key(&peer, part.blob)?))
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A peer's key, checked with the peer and mapped (the first phase of an
+/// unpack).
+#[derive(Debug)]
+struct MappedKey {
+    slot: u32,
+    generation: u32,
+    /// The region's true bounds, from the target (not from the blob).
+    base: u64,
+    len: u64,
+    access: Access,
+}
+
+/// Asks `peer` for the region `blob` names (MAP) and maps it.
+fn map_key(peer: &PeerControl, blob: &[u8]) -> Result<MappedKey, DriverError> {
+    let key =
+        KeyBlob::decode(blob).ok_or_else(|| err(Status::InvalidArgument, "malformed shm key"))?;
+    if peer.liveness.gone() {
+        return Err(err(Status::PeerUnreachable, "the shm peer is gone"));
+    }
+    if key.instance != peer.instance {
+        return Err(err(Status::InvalidRkey, "the key belongs to another peer"));
+    }
+    let request = Message::Map {
+        slot: key.slot,
+        generation: key.generation,
+        secret: key.secret,
+    };
+    let (reply, mut fds) = Shm::request(&peer.control, &peer.liveness, request, &[])?;
+    let Message::Mapped {
+        status,
+        path,
+        base,
+        len,
+        fd_offset,
+    } = reply
+    else {
+        return Err(err(Status::Transport, "unexpected reply to MAP"));
+    };
+    wire::status_from_wire(status).map_err(|s| err(s, "the shm peer refused the key"))?;
+    let path = KeyPath::from_raw(path).ok_or_else(|| err(Status::Transport, "unknown key path"))?;
+    if base != key.base || len != key.len || path != key.path {
+        return Err(err(
+            Status::InvalidRkey,
+            "the key's bounds disagree with the target's export",
+        ));
+    }
+    let access = match path {
+        KeyPath::Memfd => {
+            let fd = match (fds.pop(), fds.is_empty()) {
+                (Some(fd), true) => fd,
+                _ => {
+                    return Err(err(
+                        Status::Transport,
+                        "MAPPED needs exactly one descriptor",
+                    ));
+                }
+            };
+            let end = fd_offset
+                .checked_add(len)
+                .filter(|&end| usize::try_from(end).is_ok())
+                .ok_or_else(|| err(Status::Transport, "region out of range"))?;
+            memfd::check(&fd, end)
+                .map_err(|e| err(Status::AccessDenied, format!("the peer's region: {e}")))?;
+            let region = SharedRegion::map(fd.as_fd(), fd_offset, len as usize, true)
+                .map_err(|e| err(Status::NoMemory, format!("mapping the peer's region: {e}")))?;
+            Access::Mapped(Arc::new(region))
+        }
+        KeyPath::CrossMemoryAttach => {
+            if !fds.is_empty() {
+                return Err(err(Status::Transport, "unexpected descriptor with MAPPED"));
+            }
+            Access::CrossMemoryAttach
+        }
+    };
+    Ok(MappedKey {
+        slot: key.slot,
+        generation: key.generation,
+        base,
+        len,
+        access,
+    })
 }
 
 /// An outgoing connection (one endpoint).
 #[derive(Debug)]
 struct Conn {
-    /// Blocking; control requests and their replies.
-    socket: OwnedFd,
-    /// Last request sequence number.
-    seq: u32,
+    control: Arc<Control>,
     liveness: Arc<Liveness>,
     lanes: u8,
     peer_pid: Pid,
@@ -240,6 +369,9 @@ pub struct Shm {
     /// This driver's memfd allocations, to recognize them at `register`.
     allocs: Vec<Weak<ShmAlloc>>,
     conns: Vec<Option<Conn>>,
+    /// The control side of the connections that are up, for unpacks'
+    /// first phase.
+    peers: Peers,
     rkeys: Vec<Option<RemoteKey>>,
     /// Incoming channels: the control thread's last snapshot.
     inbound: Arc<[Arc<Inbound>]>,
@@ -271,16 +403,22 @@ impl Shm {
         ShmBuilder::default()
     }
 
-    /// Sends a control request on `conn` and waits for its reply.
+    /// Sends a control request on `control` and waits for its reply (for
+    /// at most `CONTROL_TIMEOUT`); a lost connection marks `liveness`
+    /// dead.
     fn request(
-        conn: &mut Conn,
+        control: &Control,
+        liveness: &Liveness,
         message: Message,
         fds: &[std::os::fd::BorrowedFd<'_>],
     ) -> Result<(Message, Vec<OwnedFd>), DriverError> {
-        conn.seq = conn.seq.wrapping_add(1);
-        let seq = conn.seq;
+        // One exchange at a time on a connection: replies come in order.
+        let mut last = lock(&control.seq);
+        *last = last.wrapping_add(1);
+        let seq = *last;
+        let socket = &control.socket;
         let unreachable = |what: &str| err(Status::PeerUnreachable, format!("shm peer: {what}"));
-        fdpass::send(conn.socket.as_fd(), &message.encode(seq), fds, true)
+        fdpass::send(socket.as_fd(), &message.encode(seq), fds, true)
             .map_err(|e| unreachable(&format!("sending a request: {e}")))?;
         let deadline = Instant::now() + CONTROL_TIMEOUT;
         loop {
@@ -291,7 +429,7 @@ impl Shm {
                     "shm peer did not answer a control request",
                 ));
             }
-            let mut pfd = [PollFd::new(conn.socket.as_fd(), PollFlags::POLLIN)];
+            let mut pfd = [PollFd::new(socket.as_fd(), PollFlags::POLLIN)];
             let timeout = PollTimeout::try_from(left).unwrap_or(PollTimeout::MAX);
             match poll(&mut pfd, timeout) {
                 Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
@@ -299,11 +437,11 @@ impl Shm {
                 Err(e) => return Err(unreachable(&format!("poll: {e}"))),
             }
             let mut buf = [0u8; wire::MAX_MESSAGE + 1];
-            let received = match fdpass::recv(conn.socket.as_fd(), &mut buf, true) {
+            let received = match fdpass::recv(socket.as_fd(), &mut buf, true) {
                 Ok(r) => r,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
                 Err(e) => {
-                    conn.liveness.dead.store(true, Ordering::Release);
+                    liveness.dead.store(true, Ordering::Release);
                     return Err(unreachable(&format!("connection lost: {e}")));
                 }
             };
@@ -569,7 +707,7 @@ impl Drop for Shm {
             self.shared.status.revoke(slot);
         }
         for conn in self.conns.iter().flatten() {
-            let _ = shutdown(conn.socket.as_raw_fd(), Shutdown::Both);
+            let _ = shutdown(conn.control.socket.as_raw_fd(), Shutdown::Both);
         }
         self.shared.stop.store(true, Ordering::Release);
         self.shared.ring();
@@ -660,8 +798,10 @@ impl Driver for Shm {
         }
 
         let mut conn = Conn {
-            socket,
-            seq: 0,
+            control: Arc::new(Control {
+                socket,
+                seq: Mutex::new(0),
+            }),
             liveness: Arc::new(Liveness::default()),
             lanes,
             peer_pid,
@@ -675,7 +815,8 @@ impl Driver for Shm {
             capacity: self.channel_bytes,
             instance: self.shared.instance,
         };
-        let (reply, mut fds) = Shm::request(&mut conn, hello, &[page_fd.as_fd()])?;
+        let (reply, mut fds) =
+            Shm::request(&conn.control, &conn.liveness, hello, &[page_fd.as_fd()])?;
         drop(page_fd);
         let Message::Welcome {
             status,
@@ -744,6 +885,7 @@ impl Driver for Shm {
 
         // Watch the socket for the peer's death.
         let watched = conn
+            .control
             .socket
             .try_clone()
             .map_err(|e| err(Status::Io, format!("dup: {e}")))?;
@@ -757,6 +899,15 @@ impl Driver for Shm {
             });
         self.shared.ring();
         let ep = self.conns.len();
+        {
+            let mut peers = lock(&self.peers);
+            peers.resize(ep + 1, None);
+            peers[ep] = Some(PeerControl {
+                control: conn.control.clone(),
+                liveness: conn.liveness.clone(),
+                instance: conn.peer_instance,
+            });
+        }
         self.conns.push(Some(conn));
         tracing::debug!(
             endpoint = ep,
@@ -775,7 +926,10 @@ impl Driver for Shm {
         };
         // Both directions: the peer and our control thread see the hang-up
         // even though the control thread holds a duplicate descriptor.
-        let _ = shutdown(conn.socket.as_raw_fd(), Shutdown::Both);
+        let _ = shutdown(conn.control.socket.as_raw_fd(), Shutdown::Both);
+        if let Some(peer) = lock(&self.peers).get_mut(ep.0 as usize) {
+            *peer = None;
+        }
         for key in &mut self.rkeys {
             if key.as_ref().is_some_and(|k| k.ep == ep.0) {
                 *key = None;
@@ -889,83 +1043,36 @@ impl Driver for Shm {
         &mut self,
         ep: DriverEp,
         part: &KeyPart<'_>,
-        _prepared: Prepared,
+        prepared: Prepared,
     ) -> Result<Unpacked, DriverError> {
-        let key = KeyBlob::decode(part.blob)
-            .ok_or_else(|| err(Status::InvalidArgument, "malformed shm key"))?;
         let conn = self
             .conns
-            .get_mut(ep.0 as usize)
-            .and_then(Option::as_mut)
+            .get(ep.0 as usize)
+            .and_then(Option::as_ref)
             .ok_or_else(|| err(Status::InvalidEndpoint, "not connected"))?;
         if conn.liveness.gone() || conn.maps.is_none() {
             return Err(err(Status::PeerUnreachable, "the shm peer is gone"));
         }
-        if key.instance != conn.peer_instance {
-            return Err(err(Status::InvalidRkey, "the key belongs to another peer"));
-        }
-        let request = Message::Map {
-            slot: key.slot,
-            generation: key.generation,
-            secret: key.secret,
-        };
-        let (reply, mut fds) = Shm::request(conn, request, &[])?;
-        let Message::Mapped {
-            status,
-            path,
-            base,
-            len,
-            fd_offset,
-        } = reply
-        else {
-            return Err(err(Status::Transport, "unexpected reply to MAP"));
-        };
-        wire::status_from_wire(status).map_err(|s| err(s, "the shm peer refused the key"))?;
-        let path =
-            KeyPath::from_raw(path).ok_or_else(|| err(Status::Transport, "unknown key path"))?;
-        if base != key.base || len != key.len || path != key.path {
-            return Err(err(
-                Status::InvalidRkey,
-                "the key's bounds disagree with the target's export",
-            ));
-        }
-        let access = match path {
-            KeyPath::Memfd => {
-                let fd = match (fds.pop(), fds.is_empty()) {
-                    (Some(fd), true) => fd,
-                    _ => {
-                        return Err(err(
-                            Status::Transport,
-                            "MAPPED needs exactly one descriptor",
-                        ));
-                    }
-                };
-                let end = fd_offset
-                    .checked_add(len)
-                    .filter(|&end| usize::try_from(end).is_ok())
-                    .ok_or_else(|| err(Status::Transport, "region out of range"))?;
-                memfd::check(&fd, end)
-                    .map_err(|e| err(Status::AccessDenied, format!("the peer's region: {e}")))?;
-                let region =
-                    SharedRegion::map(fd.as_fd(), fd_offset, len as usize, true).map_err(|e| {
-                        err(Status::NoMemory, format!("mapping the peer's region: {e}"))
-                    })?;
-                Access::Mapped(Arc::new(region))
-            }
-            KeyPath::CrossMemoryAttach => {
-                if !fds.is_empty() {
-                    return Err(err(Status::Transport, "unexpected descriptor with MAPPED"));
-                }
-                Access::CrossMemoryAttach
-            }
+        // The first phase asked the peer without the engine lock; a caller
+        // without one (a test calling the driver itself) asks now.
+        let mapped = match prepared.take::<MappedKey>() {
+            Some(mapped) => mapped,
+            None => map_key(
+                &PeerControl {
+                    control: conn.control.clone(),
+                    liveness: conn.liveness.clone(),
+                    instance: conn.peer_instance,
+                },
+                part.blob,
+            )?,
         };
         let entry = Some(RemoteKey {
             ep: ep.0,
-            slot: key.slot,
-            generation: key.generation,
-            base,
-            len,
-            access,
+            slot: mapped.slot,
+            generation: mapped.generation,
+            base: mapped.base,
+            len: mapped.len,
+            access: mapped.access,
         });
         // A released entry is reused (control path: a scan is fine).
         if let Some(i) = self.rkeys.iter().position(Option::is_none) {
@@ -977,6 +1084,12 @@ impl Driver for Shm {
         }
         self.rkeys.push(entry);
         Ok(Unpacked::Key(DriverRkey(self.rkeys.len() as u32 - 1)))
+    }
+
+    fn prepare(&self) -> Option<Arc<dyn Prepare>> {
+        Some(Arc::new(ShmPrepare {
+            peers: self.peers.clone(),
+        }))
     }
 
     fn release_rkey(&mut self, ep: DriverEp, rkey: DriverRkey) {
