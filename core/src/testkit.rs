@@ -67,15 +67,49 @@ impl LoopbackTarget {
     /// # Panics
     /// If building, registering, connecting or unpacking fails.
     pub fn connect(initiator: &Worker, window: usize) -> LoopbackTarget {
-        let worker = Worker::builder()
-            .driver(Loopback::new())
+        let mut builder = Worker::builder();
+        builder.driver(Loopback::new());
+        LoopbackTarget::offer(initiator, builder, window, |address| {
+            initiator.connect(address)
+        })
+    }
+
+    /// A target with a loopback driver for each of the driver names in
+    /// `groups` and a `window`-byte window, connected from `initiator`
+    /// (which needs a driver of each name) with one endpoint whose lanes
+    /// are `groups` (driver name, lanes), as [`Worker::connect_lanes`]
+    /// takes them.
+    ///
+    /// # Panics
+    /// If building, registering, connecting or unpacking fails.
+    pub fn connect_mixed(
+        initiator: &Worker,
+        groups: &[(&'static str, u8)],
+        window: usize,
+    ) -> LoopbackTarget {
+        let mut builder = Worker::builder();
+        for &(name, _) in groups {
+            builder.driver(Loopback::new().named(name));
+        }
+        LoopbackTarget::offer(initiator, builder, window, |address| {
+            initiator.connect_lanes(address, groups)
+        })
+    }
+
+    /// Builds the target, registers its window, connects `initiator` to
+    /// it with `connect` and unpacks the window's key on that endpoint.
+    fn offer(
+        initiator: &Worker,
+        mut builder: crate::WorkerBuilder,
+        window: usize,
+        connect: impl FnOnce(&[u8]) -> Result<EndpointId, crate::Error>,
+    ) -> LoopbackTarget {
+        let worker = builder
             .ignore_env()
             .build()
             .expect("loopback target worker");
         let window = worker.alloc_registered(window).expect("target window");
-        let ep = initiator
-            .connect(worker.address())
-            .expect("connect to the target");
+        let ep = connect(worker.address()).expect("connect to the target");
         let key = worker.pack_rkey(window.handle()).expect("pack the window");
         let rkey = initiator.unpack_rkey(ep, &key).expect("unpack the window");
         LoopbackTarget {

@@ -10,8 +10,8 @@
 //! test needs writes in flight or to see what reached the driver.
 
 use ringfence::{
-    AtomicDomain, AtomicOps, FaultHandle, FaultInjector, Loopback, QueuePair, RegisteredBuf,
-    RkeyId, Timing, Worker, run_sqes,
+    AtomicDomain, AtomicOps, FaultHandle, FaultInjector, Loopback, LoopbackTarget, QueuePair,
+    RegisteredBuf, RkeyId, Timing, Worker, run_sqes,
 };
 use ringfence_ring::{AtomicOp, Cqe, RemoteBuf, Sqe, Status};
 
@@ -279,19 +279,12 @@ fn a_mixed_endpoint_never_mixes_atomic_domains() {
         .ignore_env()
         .build()
         .unwrap();
-    let target = Worker::builder()
-        .driver(Loopback::new().named("lb-a"))
-        .driver(Loopback::new().named("lb-b"))
-        .ignore_env()
-        .build()
-        .unwrap();
-    let window = target.alloc_registered(4096).unwrap();
-    let ep = initiator
-        .connect_lanes(target.address(), &[("lb-a", 2), ("lb-b", 2)])
-        .unwrap();
-    let rkey = initiator
-        .unpack_rkey(ep, &target.pack_rkey(window.handle()).unwrap())
-        .unwrap();
+    let LoopbackTarget {
+        worker: _target,
+        window,
+        ep,
+        rkey,
+    } = LoopbackTarget::connect_mixed(&initiator, &[("lb-a", 2), ("lb-b", 2)], 4096);
     let src = initiator.alloc_registered(4096).unwrap();
     let mut qp = initiator.create_queue().unwrap();
     let remote = RemoteBuf {

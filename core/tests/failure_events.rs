@@ -10,8 +10,8 @@
 //! only catches hangs.
 
 use ringfence::{
-    CompletionMode, EndpointId, EndpointState, FaultHandle, FaultInjector, Loopback, QueuePair,
-    RegisteredBuf, RkeyId, Timing, Worker,
+    CompletionMode, EndpointId, EndpointState, FaultHandle, FaultInjector, Loopback,
+    LoopbackTarget, QueuePair, RegisteredBuf, RkeyId, Timing, Worker,
 };
 use ringfence_ring::{Cqe, FenceMode, RemoteBuf, Sqe, Status};
 use std::time::{Duration, Instant};
@@ -230,19 +230,8 @@ fn a_split_flush_part_that_names_its_endpoint_dead_fails_it_at_once() {
         .ignore_env()
         .build()
         .unwrap();
-    let target = Worker::builder()
-        .driver(Loopback::new().named("a"))
-        .driver(Loopback::new().named("b"))
-        .ignore_env()
-        .build()
-        .unwrap();
-    let window = target.alloc_registered(8192).unwrap();
-    let id = w
-        .connect_lanes(target.address(), &[("a", 1), ("b", 1)])
-        .unwrap();
-    let rkey = w
-        .unpack_rkey(id, &target.pack_rkey(window.handle()).unwrap())
-        .unwrap();
+    let target = LoopbackTarget::connect_mixed(&w, &[("a", 1), ("b", 1)], 8192);
+    let (id, rkey, window) = (target.ep, target.rkey, &target.window);
     let src = w.alloc_registered(8192).unwrap();
     let mut qp = w.create_queue().unwrap();
     let put = |len: u32, user_data: u64| {

@@ -4,8 +4,8 @@
 //! timing and its flushes can be set and seen.
 
 use ringfence::{
-    CompletionMode, Error, FaultHandle, FaultInjector, Loopback, MemKind, MemKinds, OpKind,
-    QueuePair, RegisteredBuf, RkeyId, Timing, Worker, run_sqes as run,
+    CompletionMode, Error, FaultHandle, FaultInjector, Loopback, LoopbackTarget, MemKind, MemKinds,
+    OpKind, QueuePair, RegisteredBuf, RkeyId, Timing, Worker, run_sqes as run,
 };
 use ringfence_ring::{Cqe, FenceMode, RemoteBuf, Sqe, Status};
 
@@ -46,19 +46,12 @@ fn mixed() -> Mixed {
         .ignore_env()
         .build()
         .unwrap();
-    let target = Worker::builder()
-        .driver(Loopback::new().named("lb-a"))
-        .driver(Loopback::new().named("lb-b"))
-        .ignore_env()
-        .build()
-        .unwrap();
-    let window = target.alloc_registered(1 << 16).unwrap();
-    let ep = initiator
-        .connect_lanes(target.address(), &[("lb-a", 2), ("lb-b", 4)])
-        .unwrap();
-    let rkey = initiator
-        .unpack_rkey(ep, &target.pack_rkey(window.handle()).unwrap())
-        .unwrap();
+    let LoopbackTarget {
+        worker: target,
+        window,
+        ep,
+        rkey,
+    } = LoopbackTarget::connect_mixed(&initiator, &[("lb-a", 2), ("lb-b", 4)], 1 << 16);
     let src = initiator.alloc_registered(1 << 16).unwrap();
     let qp = initiator.create_queue().unwrap();
     Mixed {

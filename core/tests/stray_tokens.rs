@@ -9,8 +9,8 @@
 //! only catches hangs.
 
 use ringfence::{
-    CompletionMode, EndpointId, EndpointState, FaultHandle, FaultInjector, Loopback, QueuePair,
-    RegisteredBuf, RkeyId, SimDriver, Timing, Worker,
+    CompletionMode, EndpointId, EndpointState, FaultHandle, FaultInjector, Loopback,
+    LoopbackTarget, QueuePair, RegisteredBuf, RkeyId, SimDriver, Timing, Worker,
 };
 use ringfence_ring::{Cqe, FenceMode, RemoteBuf, Sqe, Status};
 use std::time::{Duration, Instant};
@@ -84,19 +84,12 @@ fn mixed() -> Mixed {
         .ignore_env()
         .build()
         .unwrap();
-    let target = Worker::builder()
-        .driver(Loopback::new().named("lb-a"))
-        .driver(Loopback::new().named("lb-b"))
-        .ignore_env()
-        .build()
-        .unwrap();
-    let window = target.alloc_registered(1 << 16).unwrap();
-    let ep = w
-        .connect_lanes(target.address(), &[("lb-a", 2), ("lb-b", 4)])
-        .unwrap();
-    let rkey = w
-        .unpack_rkey(ep, &target.pack_rkey(window.handle()).unwrap())
-        .unwrap();
+    let LoopbackTarget {
+        worker: target,
+        window,
+        ep,
+        rkey,
+    } = LoopbackTarget::connect_mixed(&w, &[("lb-a", 2), ("lb-b", 4)], 1 << 16);
     let src = w.alloc_registered(1 << 16).unwrap();
     let qp = w.create_queue().unwrap();
     Mixed {

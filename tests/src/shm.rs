@@ -3,7 +3,7 @@
 //! with bounded, yielding waits.
 
 use crate::{Backoff, Deadline};
-use ringfence::{Cqe, EndpointId, QueuePair, RkeyId, Worker};
+use ringfence::{Cqe, EndpointId, QueuePair, RegisteredBuf, RkeyId, Worker};
 use ringfence_ring::Sqe;
 use ringfence_shm::Shm;
 use std::io::{ErrorKind, Read, Write};
@@ -110,6 +110,17 @@ impl Link {
         m.chunks_exact(8)
             .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
             .collect()
+    }
+
+    /// Sends what [`recv_offer`](Link::recv_offer) takes: `worker`'s
+    /// address, the packed key of `window`, and its base address.
+    ///
+    /// # Panics
+    /// If packing the key or sending fails.
+    pub fn send_offer(&mut self, worker: &Worker, window: &RegisteredBuf) {
+        self.send(worker.address());
+        self.send(&worker.pack_rkey(window.handle()).expect("pack the window"));
+        self.send_u64s(&[window.addr()]);
     }
 
     /// What a target child sends first: its worker address, its window's

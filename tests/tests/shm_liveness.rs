@@ -21,9 +21,7 @@ fn idle_target() {
     let mut link = Link::new(child::parent_socket());
     let w = shm::worker(1);
     let window = w.alloc_registered(1 << 20).unwrap();
-    link.send(w.address());
-    link.send(&w.pack_rkey(window.handle()).unwrap());
-    link.send_u64s(&[window.addr()]);
+    link.send_offer(&w, &window);
     // Blocks until the parent says so or kills us.
     let _ = link.recv();
 }

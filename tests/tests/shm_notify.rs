@@ -30,9 +30,7 @@ fn target() {
     let w = shm::worker(2);
     let window = w.alloc_registered((COUNT * RECORD) as usize).unwrap();
     let mut qp = w.create_queue().unwrap();
-    link.send(w.address());
-    link.send(&w.pack_rkey(window.handle()).unwrap());
-    link.send_u64s(&[window.addr()]);
+    link.send_offer(&w, &window);
     let deadline = Deadline::after(shm::HANG, "target");
     let mut backoff = Backoff::default();
     let mut next = 0u64;

@@ -484,9 +484,7 @@ fn try_now_through_the_hot_key() {
         let mut link = Link::new(child::parent_socket());
         let w = shm::worker(1);
         let window = w.alloc_registered(LEN).unwrap();
-        link.send(w.address());
-        link.send(&w.pack_rkey(window.handle()).unwrap());
-        link.send_u64s(&[window.addr()]);
+        link.send_offer(&w, &window);
         // Check the PUTs, then withdraw the window; then wait to be killed.
         let [offset, len, seed] = link.recv_u64s()[..] else {
             panic!("request")

@@ -31,9 +31,7 @@ fn poller() {
     let mut link = Link::new(child::parent_socket());
     let w = shm::worker(1);
     let window = w.alloc_registered(4096).unwrap();
-    link.send(w.address());
-    link.send(&w.pack_rkey(window.handle()).unwrap());
-    link.send_u64s(&[window.addr()]);
+    link.send_offer(&w, &window);
     loop {
         let m = link.recv_u64s();
         let &[size] = m.as_slice() else {
