@@ -4,7 +4,10 @@
 # miri, the struct layout audit, the fuzz targets for a bounded time, and
 # ThreadSanitizer over the threaded tests. Installs what is missing first.
 #
-#   ./scripts/test.sh              everything
+#   ./scripts/test.sh              everything (what CI runs)
+#   ./scripts/test.sh quick        format, clippy and tests only
+#   ./scripts/test.sh STEP...      those steps, in the order given
+#   ./scripts/test.sh --list       the steps' names, in the order of a full run
 #   RINGFENCE_SKIP_MIRI=1 ...      skip the miri step (it needs a nightly toolchain)
 #   RINGFENCE_FUZZ_SECONDS=N ...   run each fuzz target N s (default 20; 0 skips the step)
 #   RINGFENCE_SKIP_TSAN=1 ...      skip the ThreadSanitizer step
@@ -20,8 +23,28 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Every step, in the order of a full run; `quick` is the first three.
+all_steps=(format clippy tests bench-smoke c-tests docs loom loom-sleep miri rflayout fuzz tsan)
+quick_steps=(format clippy tests)
+case "${1:-}" in
+  --list) printf '%s\n' "${all_steps[@]}"; exit 0 ;;
+  quick) steps=("${quick_steps[@]}") ;;
+  "") steps=("${all_steps[@]}") ;;
+  *)
+    steps=("$@")
+    for step in "${steps[@]}"; do
+      if [[ " ${all_steps[*]} " != *" $step "* ]]; then
+        echo "unknown step: $step (steps: quick ${all_steps[*]})" >&2
+        exit 2
+      fi
+    done
+    ;;
+esac
+
 log_dir=target/test-logs
 mkdir -p "$log_dir"
+# Counted at the end, from this run's logs only.
+rm -f "$log_dir/cargo-test.log" "$log_dir/c-tests.log"
 passed_steps=() skipped_steps=()
 
 say() { printf '\n== %s\n' "$*"; }
@@ -67,41 +90,50 @@ run_step() { # name command...
   passed_steps+=("$name")
 }
 
-run_step format cargo fmt --all -- --check
-run_step clippy cargo clippy --workspace --all-targets --locked -- -D warnings
+step_format() { run_step format cargo fmt --all -- --check; }
+step_clippy() { run_step clippy cargo clippy --workspace --all-targets --locked -- -D warnings; }
 
 # Unit, integration and doc tests; the output is kept to count the tests.
-say "tests: cargo test --workspace"
-cargo test --workspace --locked 2>&1 | tee "$log_dir/cargo-test.log"
-passed_steps+=(tests)
+step_tests() {
+  say "tests: cargo test --workspace"
+  cargo test --workspace --locked 2>&1 | tee "$log_dir/cargo-test.log"
+  passed_steps+=(tests)
+}
 
 # Each criterion bench once, untimed: proves the benches build and their
 # correctness checks pass. Timings come from `cargo bench` (benches/README.md).
-run_step bench-smoke cargo test -p ringfence-benches --benches --locked
+step_bench-smoke() { run_step bench-smoke cargo test -p ringfence-benches --benches --locked; }
 
 # The C ABI: libringfence's exports and pkg-config file, the C tests under
 # AddressSanitizer and UndefinedBehaviorSanitizer (two processes over shm
 # included), a C++17 compile of ringfence.h, and the examples. Its test
 # cases are counted with the others.
-say "c-tests: bindings/c/tests/run.sh"
-bindings/c/tests/run.sh 2>&1 | tee "$log_dir/c-tests.log"
-passed_steps+=(c-tests)
+step_c-tests() {
+  say "c-tests: bindings/c/tests/run.sh"
+  bindings/c/tests/run.sh 2>&1 | tee "$log_dir/c-tests.log"
+  passed_steps+=(c-tests)
+}
 
-RUSTDOCFLAGS="-D warnings" run_step docs cargo doc --workspace --no-deps --locked
+step_docs() { RUSTDOCFLAGS="-D warnings" run_step docs cargo doc --workspace --no-deps --locked; }
 
 # Loom models of the ring protocol, in their own target dir so the cfg
 # change does not throw away the main build.
-CARGO_TARGET_DIR=target/loom RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 \
-  run_step loom cargo test -p ringfence-ring --release --test loom --locked
+step_loom() {
+  CARGO_TARGET_DIR=target/loom RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 \
+    run_step loom cargo test -p ringfence-ring --release --test loom --locked
+}
 # Loom models of the core thread's sleep (SQ NEED_WAKEUP, a notification
 # flag and a driver's wake descriptor against `ringfence_ring::sleep`), in
 # the same loom target dir.
-CARGO_TARGET_DIR=target/loom RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 \
-  run_step loom-sleep cargo test -p ringfence-ring --release --test loom_sleep --locked
+step_loom-sleep() {
+  CARGO_TARGET_DIR=target/loom RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 \
+    run_step loom-sleep cargo test -p ringfence-ring --release --test loom_sleep --locked
+}
 
 # Miri over the ring's unsafe code (regions and doorbells need system calls
 # miri does not model; those tests say so and are skipped under miri).
 have_miri() { cargo +nightly miri --version >/dev/null 2>&1; }
+step_miri() {
 if [ "${RINGFENCE_SKIP_MIRI:-0}" = 1 ]; then
   echo "miri: skipped (RINGFENCE_SKIP_MIRI=1)"; skipped_steps+=(miri)
 else
@@ -130,16 +162,20 @@ else
     skipped_steps+=(miri)
   fi
 fi
+}
 
 # The struct layout audit against the committed baselines: the ring ABI
 # types from the ring's rlib, the engine's hot structs from the core's.
-cargo build -p ringfence-ring -p ringfence --locked
-run_step rflayout-ring cargo run -q -p ringfence-tools --bin rflayout --locked -- \
-  check target/debug/libringfence_ring.rlib --baseline tools/layout.toml
-run_step rflayout-core cargo run -q -p ringfence-tools --bin rflayout --locked -- \
-  check target/debug/libringfence.rlib --baseline tools/layout-core.toml
+step_rflayout() {
+  cargo build -p ringfence-ring -p ringfence --locked
+  run_step rflayout-ring cargo run -q -p ringfence-tools --bin rflayout --locked -- \
+    check target/debug/libringfence_ring.rlib --baseline tools/layout.toml
+  run_step rflayout-core cargo run -q -p ringfence-tools --bin rflayout --locked -- \
+    check target/debug/libringfence.rlib --baseline tools/layout-core.toml
+}
 
 # Every fuzz target for a bounded time (scripts/fuzz.sh; 77: skipped).
+step_fuzz() {
 fuzz_seconds=${RINGFENCE_FUZZ_SECONDS:-20}
 if [ "$fuzz_seconds" = 0 ]; then
   echo "fuzz: skipped (RINGFENCE_FUZZ_SECONDS=0)"; skipped_steps+=(fuzz)
@@ -153,9 +189,11 @@ else
     *) exit "$rc" ;;
   esac
 fi
+}
 
 # ThreadSanitizer over the ring, engine and shm tests that use threads
 # (scripts/tsan.sh; 77: skipped).
+step_tsan() {
 if [ "${RINGFENCE_SKIP_TSAN:-0}" = 1 ]; then
   echo "tsan: skipped (RINGFENCE_SKIP_TSAN=1)"; skipped_steps+=(tsan)
 else
@@ -168,10 +206,23 @@ else
     *) exit "$rc" ;;
   esac
 fi
+}
+
+for step in "${steps[@]}"; do
+  "step_$step"
+done
 
 # ---------------------------------------------------------------- summary
-passed=$(grep -hEo 'test result: ok\. [0-9]+ passed' "$log_dir/cargo-test.log" "$log_dir/c-tests.log" \
-  | awk '{s += $4} END {print s + 0}')
-ignored=$(grep -Eo '[0-9]+ ignored' "$log_dir/cargo-test.log" | awk '{s += $1} END {print s + 0}')
+logs=()
+for log in "$log_dir/cargo-test.log" "$log_dir/c-tests.log"; do
+  [ -f "$log" ] && logs+=("$log")
+done
+passed=0 ignored=0
+if [ ${#logs[@]} -gt 0 ]; then
+  passed=$(grep -hEo 'test result: ok\. [0-9]+ passed' "${logs[@]}" | awk '{s += $4} END {print s + 0}')
+fi
+if [ -f "$log_dir/cargo-test.log" ]; then
+  ignored=$(grep -Eo '[0-9]+ ignored' "$log_dir/cargo-test.log" | awk '{s += $1} END {print s + 0}')
+fi
 say "steps passed: ${passed_steps[*]}${skipped_steps:+; skipped: ${skipped_steps[*]}}"
 echo "tests: $passed passed, 0 failed, $ignored skipped"
