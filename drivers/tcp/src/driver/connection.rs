@@ -1,0 +1,442 @@
+//! The connection table and the endpoints over it: accepting, opening a
+//! lane's connection or adopting the peer's, greeting, closing, releasing
+//! and freeing connections, and failing endpoints.
+
+use crate::MAX_LEN;
+use crate::lane::Lane;
+use crate::send::SendQueue;
+use crate::stream::Reader;
+use crate::target::Serve;
+use crate::uring::{self, Tag};
+use crate::wire::{Address, HEADER_LEN, Header, Opcode};
+use io_uring::{opcode, types};
+use nix::libc;
+use nix::sys::socket::{self, AddressFamily, SockFlag, SockType, SockaddrLike, SockaddrStorage};
+use ringfence::{Completion, Connect, DriverEp, DriverError, Token};
+use ringfence_ring::Status;
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use super::*;
+
+impl Tcp {
+    pub(super) fn arm_accept(&mut self) {
+        if self.accept_armed {
+            return;
+        }
+        let entry = opcode::AcceptMulti::new(types::Fd(self.listener.as_raw_fd()))
+            .flags(libc::SOCK_CLOEXEC)
+            .build()
+            .user_data(uring::user_data(Tag::Accept, 0, 0));
+        // SAFETY: the entry names only the listener, which lives as long as
+        // the driver (whose teardown waits for this request to end).
+        if unsafe { self.uring.push(&entry) }.is_ok() {
+            self.accept_armed = true;
+        }
+    }
+
+    /// Puts a new connection in a free slot; returns the slot.
+    pub(super) fn add_conn(
+        &mut self,
+        fd: OwnedFd,
+        ours: Option<(u32, u8)>,
+        peer: SockaddrStorage,
+    ) -> u32 {
+        let notify_size = self.notify.as_ref().map_or(0, |p| p.buffer_size() as usize);
+        let slot = match self.free_conns.pop() {
+            Some(slot) => slot,
+            None => {
+                self.conns.push(None);
+                self.generations.push(0);
+                self.conns.len() as u32 - 1
+            }
+        };
+        let generation = self.generations[slot as usize].wrapping_add(1);
+        self.generations[slot as usize] = generation;
+        let fixed = self.uring.fix(slot, fd.as_raw_fd());
+        self.conns[slot as usize] = Some(Box::new(Conn {
+            fixed,
+            fd,
+            generation,
+            ours,
+            had_ours: ours.is_some(),
+            accepted: ours.is_none(),
+            duplex: false,
+            by_ref: false,
+            peer_ip: None,
+            reader: Reader::new(MAX_LEN),
+            send: SendQueue::new(self.config.send_buffer, 1024),
+            peer,
+            flying: 0,
+            connected: ours.is_none(),
+            recv_armed: false,
+            spinning: false,
+            spin: 0,
+            listed: false,
+            closing: false,
+            backlog: VecDeque::with_capacity(usize::from(self.uring.buffer_count())),
+            serve: Serve::new(notify_size),
+            direct: Direct::Off,
+            placed: 0,
+            ack: AckHold::None,
+        }));
+        slot
+    }
+
+    /// The live connection in `slot` if its generation is `generation`.
+    pub(super) fn conn_mut(&mut self, slot: u32, generation: u32) -> Option<&mut Conn> {
+        conn_at(&mut self.conns, slot, generation)
+    }
+
+    /// Starts closing a connection: the kernel's requests on it end
+    /// (shutdown, then cancel), and the slot is freed when the last one
+    /// has completed. A lane's endpoint fails with `status`, except a lane
+    /// on an adopted connection that is not up yet: it opens a connection
+    /// of its own instead (the peer closed its side before it saw our
+    /// HELLO).
+    pub(super) fn close_conn(&mut self, slot: u32, status: Status) {
+        let Some(conn) = live(&mut self.conns, slot) else {
+            return;
+        };
+        if conn.closing {
+            return;
+        }
+        conn.closing = true;
+        conn.send.discard();
+        let ours = conn.ours.take();
+        // A lane of ours on a connection we accepted adopted it.
+        let adopted = conn.accepted;
+        let generation = conn.generation;
+        let fd = conn.fd.as_raw_fd();
+        // Ends a receive and a send in progress at once.
+        let _ = socket::shutdown(fd, socket::Shutdown::Both);
+        if conn.flying > 0 {
+            let entry = opcode::AsyncCancel2::new(types::CancelBuilder::fd(types::Fd(fd)).all())
+                .build()
+                .user_data(uring::user_data(Tag::Cancel, slot, generation));
+            // SAFETY: a cancellation names no memory.
+            let _ = unsafe { self.uring.push(&entry) };
+        }
+        self.recycle_backlog(slot);
+        if let Some((ep, lane)) = ours {
+            if !(adopted && self.reopen_lane(ep, lane)) {
+                self.fail_ep(ep, status);
+            }
+        }
+        self.maybe_free(slot);
+    }
+
+    /// Lane `lane` of connecting endpoint `e` lost the adopted connection
+    /// before its HELLO was answered: it opens its own. `false` if the lane
+    /// was up already, or the endpoint is not connecting, or no socket.
+    pub(super) fn reopen_lane(&mut self, e: u32, lane: u8) -> bool {
+        let Some(ep) = self.eps.get(e as usize).and_then(Option::as_ref) else {
+            return false;
+        };
+        let up = ep.lanes.get(usize::from(lane)).is_none_or(|l| l.up);
+        if up || self.tearing_down || !matches!(ep.state, EpState::Connecting(_)) {
+            return false;
+        }
+        let (peer, lanes) = (ep.peer, ep.lanes.len() as u8);
+        match self.open_lane(e, lane, lanes, &peer) {
+            Ok(slot) => {
+                tracing::debug!(
+                    ep = e,
+                    lane,
+                    "tcp: adopted connection lost; lane reconnects"
+                );
+                let depth = self.config.depth;
+                if let Some(l) = self.ep_lane(e, lane) {
+                    *l = Lane::new(slot, depth);
+                }
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    pub(super) fn ep_lane(&mut self, e: u32, lane: u8) -> Option<&mut Lane> {
+        self.eps
+            .get_mut(e as usize)?
+            .as_mut()?
+            .lanes
+            .get_mut(usize::from(lane))
+    }
+
+    /// Opens connection `lane` of endpoint `e` (of `lanes`) to `peer`: the
+    /// socket, the connect, and the HELLO that follows it.
+    pub(super) fn open_lane(
+        &mut self,
+        e: u32,
+        lane: u8,
+        lanes: u8,
+        peer: &Address,
+    ) -> Result<u32, DriverError> {
+        let family = match peer.socket {
+            SocketAddr::V4(_) => AddressFamily::Inet,
+            SocketAddr::V6(_) => AddressFamily::Inet6,
+        };
+        let fd = socket::socket(family, SockType::Stream, SockFlag::SOCK_CLOEXEC, None)
+            .map_err(|e| io_err("socket", e))?;
+        tune(&fd, self.config.timeout)?;
+        let slot = self.add_conn(fd, Some((e, lane)), SockaddrStorage::from(peer.socket));
+        self.queue_hello(slot, e, lane, lanes, peer.instance);
+        let conn = self.conns[slot as usize]
+            .as_deref_mut()
+            .expect("just added");
+        let entry = on_socket!(conn, |fd| opcode::Connect::new(
+            fd,
+            conn.peer.as_ptr(),
+            conn.peer.len(),
+        )
+        .build())
+        .user_data(uring::user_data(Tag::Connect, slot, conn.generation));
+        // SAFETY: the address lives in the boxed connection, which is
+        // freed only after this request completes (`flying`).
+        if unsafe { self.uring.push(&entry) }.is_ok() {
+            conn.flying += 1;
+        }
+        Ok(slot)
+    }
+
+    /// An accepted connection from the worker at `peer` that a new lane
+    /// can carry its requests on (see [`wire`](crate::wire), "Both ways
+    /// on one connection"): greeted by that instance, from that address,
+    /// not a lane of ours already, and not paused answering.
+    pub(super) fn adoptable(&self, peer: &Address) -> Option<u32> {
+        let fits = |c: &Conn| {
+            c.accepted
+                && !c.had_ours
+                && !c.closing
+                && c.serve.serving()
+                && c.serve.peer_instance == peer.instance
+                && c.peer_ip == Some(peer.socket.ip())
+                && !c.serve.answering_get()
+                && c.backlog.is_empty()
+                // Nothing queued or in flight: our HELLO fits, and the room
+                // kept for answers is free from the first batch on.
+                && c.send.queued() == 0
+                && !c.send.is_flying()
+        };
+        self.conns
+            .iter()
+            .position(|c| c.as_deref().is_some_and(fits))
+            .map(|slot| slot as u32)
+    }
+
+    /// Queues the HELLO of lane `lane` (of `lanes`) of endpoint `e` on
+    /// `slot`, sent once the connection is established.
+    pub(super) fn queue_hello(&mut self, slot: u32, e: u32, lane: u8, lanes: u8, instance: u64) {
+        let hello = Header {
+            arg: lanes,
+            seq: self.address.instance,
+            addr: u64::from(e),
+            operand: instance,
+            ..Header::new(Opcode::Hello, lane)
+        };
+        let Some(conn) = self.conns[slot as usize].as_deref_mut() else {
+            return;
+        };
+        // A new connection is empty, and an adopted one has nothing queued
+        // (`adoptable`).
+        let queued = conn.send.push_copy(&[&hello.encode()]);
+        debug_assert!(queued, "a HELLO fits");
+        Self::want_send(&mut self.to_send, slot, conn);
+    }
+
+    /// Lets go of `slot` as a lane of ours (its endpoint failed or was
+    /// released): if the peer still sends requests on it, we say BYE and
+    /// go on serving; else it closes.
+    pub(super) fn release_conn(&mut self, slot: u32, status: Status) {
+        let Some(conn) = live(&mut self.conns, slot) else {
+            return;
+        };
+        if conn.closing || conn.ours.is_none() {
+            return;
+        }
+        conn.ours = None;
+        let bye = Header::new(Opcode::Bye, 0).encode();
+        if conn.serve.serving() && conn.send.push_copy(&[&bye]) {
+            Self::want_send(&mut self.to_send, slot, conn);
+        } else {
+            self.close_conn(slot, status);
+        }
+    }
+
+    /// After a change on `slot`: the duplex rules come into force once it
+    /// carries requests both ways, and a connection that carries none any
+    /// more closes.
+    pub(super) fn settle(&mut self, slot: u32) {
+        let Tcp { conns, eps, .. } = self;
+        let Some(conn) = live(conns, slot) else {
+            return;
+        };
+        if conn.closing {
+            return;
+        }
+        match conn.ours {
+            Some((e, lane)) if conn.serve.greeted && !conn.duplex => {
+                conn.duplex = true;
+                conn.send.reserve_answers(ANSWER_ROOM, HEADER_LEN);
+                let lane = eps
+                    .get_mut(e as usize)
+                    .and_then(Option::as_mut)
+                    .and_then(|ep| ep.lanes.get_mut(usize::from(lane)));
+                if let Some(lane) = lane {
+                    lane.make_duplex();
+                }
+                tracing::debug!(slot, "tcp: connection carries requests both ways");
+            }
+            None if conn.serve.ended || (conn.had_ours && !conn.serve.serving()) => {
+                // Neither side sends requests on it any more.
+                self.close_conn(slot, Status::Canceled);
+                return;
+            }
+            _ => {}
+        }
+        // A held HELLO_ACK goes once the answer room is free, whether or
+        // not a lane of ours still sends here (the peer's lane waits for it).
+        if conn.serve.release_hello_ack(&mut conn.send) {
+            Self::want_send(&mut self.to_send, slot, conn);
+        }
+    }
+
+    pub(super) fn recycle_backlog(&mut self, slot: u32) {
+        let Some(conn) = live(&mut self.conns, slot) else {
+            return;
+        };
+        let bids = conn.backlog.drain(..).map(|(bid, _, _)| bid);
+        self.uring.recycle(bids);
+    }
+
+    /// Frees a closing connection once nothing in flight names it.
+    pub(super) fn maybe_free(&mut self, slot: u32) {
+        let free = self
+            .conns
+            .get(slot as usize)
+            .and_then(|c| c.as_deref())
+            .is_some_and(|c| c.closing && c.flying == 0);
+        if free {
+            if let Some(conn) = self.conns[slot as usize].take() {
+                if let Some(index) = conn.fixed {
+                    self.uring.unfix(index);
+                }
+            }
+            self.free_conns.push(slot);
+        }
+    }
+
+    /// Fails endpoint `e`: every request not yet answered completes with
+    /// `status`, so do its flushes and a connect in progress, and its
+    /// connections close.
+    pub(super) fn fail_ep(&mut self, e: u32, status: Status) {
+        let Some(ep) = self.eps.get_mut(e as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        if matches!(ep.state, EpState::Failed(_)) {
+            return;
+        }
+        if let EpState::Connecting(token) = ep.state {
+            self.ready.push_back(Completion::new(token, Err(status)));
+        }
+        tracing::debug!(ep = e, %status, "tcp endpoint failed");
+        ep.state = EpState::Failed(status);
+        let conns: Vec<u32> = ep.lanes.iter().map(|l| l.conn).collect();
+        for lane in &mut ep.lanes {
+            lane.fail_all(status);
+        }
+        if !ep.listed {
+            ep.listed = true;
+            self.answered.push(e);
+        }
+        // The failing connection is closing already; the others close, or
+        // go on carrying the peer's requests (BYE).
+        for slot in conns {
+            self.release_conn(slot, status);
+        }
+    }
+
+    pub(super) fn ep_mut(&mut self, ep: DriverEp) -> Option<&mut Ep> {
+        self.eps.get_mut(ep.0 as usize).and_then(Option::as_mut)
+    }
+
+    /// Opens `lanes` connections, or takes the peer's own (`adoptable`),
+    /// and greets the peer on each; the endpoint is up when every HELLO is
+    /// answered (reported through `poll`).
+    pub(super) fn connect_peer(
+        &mut self,
+        peer: &[u8],
+        lanes: u8,
+        token: Token,
+    ) -> Result<Connect, DriverError> {
+        let address = Address::decode(peer)
+            .ok_or_else(|| err(Status::InvalidArgument, "malformed tcp address"))?;
+        if lanes == 0 || lanes > self.config.max_lanes {
+            return Err(err(Status::InvalidArgument, "lanes out of range"));
+        }
+        let e = match self.eps.iter().position(Option::is_none) {
+            Some(e) => e,
+            None => {
+                self.eps.push(None);
+                self.eps.len() - 1
+            }
+        } as u32;
+        let mut slots = Vec::with_capacity(usize::from(lanes));
+        for lane in 0..lanes {
+            if let Some(slot) = self.adoptable(&address) {
+                let conn = self.conns[slot as usize].as_deref_mut().expect("adoptable");
+                conn.ours = Some((e, lane));
+                conn.had_ours = true;
+                self.queue_hello(slot, e, lane, lanes, address.instance);
+                slots.push(slot);
+                continue;
+            }
+            match self.open_lane(e, lane, lanes, &address) {
+                Ok(slot) => slots.push(slot),
+                Err(error) => {
+                    // Nothing of the endpoint stays: opened connections
+                    // close; adopted ones, whose HELLO is queued, say BYE
+                    // after it and go back to serving only.
+                    for slot in slots {
+                        self.release_conn(slot, Status::Canceled);
+                    }
+                    return Err(error);
+                }
+            }
+        }
+        let depth = self.config.depth;
+        self.eps[e as usize] = Some(Ep {
+            peer: address,
+            state: EpState::Connecting(token),
+            lanes: slots.iter().map(|&s| Lane::new(s, depth)).collect(),
+            flushes: (0..MAX_FLUSHES).map(|_| None).collect(),
+            listed: false,
+            released: false,
+        });
+        for &slot in &slots {
+            self.settle(slot);
+        }
+        self.uring
+            .submit()
+            .map_err(|e| io_err("io_uring submit", e))?;
+        tracing::debug!(ep = e, peer = %address.socket, lanes, "tcp connecting");
+        Ok(Connect::InFlight(DriverEp(e)))
+    }
+
+    pub(super) fn disconnect_ep(&mut self, ep: DriverEp) {
+        let Some(endpoint) = self.ep_mut(ep) else {
+            return;
+        };
+        endpoint.released = true;
+        let listed = endpoint.listed;
+        if !matches!(endpoint.state, EpState::Failed(_)) {
+            self.fail_ep(ep.0, Status::Canceled);
+        } else if !listed {
+            if let Some(endpoint) = self.ep_mut(ep) {
+                endpoint.listed = true;
+            }
+            self.answered.push(ep.0);
+        }
+    }
+}

@@ -1,0 +1,590 @@
+//! The completion queue: what each io_uring completion means (an accept,
+//! a connect, a send, a receive into the ring of buffers or straight into
+//! registered memory), the frames a receive carries, and the completions
+//! handed to the engine.
+
+use crate::lane::Answers;
+use crate::send::Sent;
+use crate::stream::{Broken, Handler, Stop};
+use crate::target::Requests;
+use crate::uring::{self, BUF_GROUP, Tag, libc_errno};
+use crate::wire::{Header, Opcode};
+use io_uring::{cqueue, opcode, squeue, types};
+use nix::libc;
+use nix::sys::socket::{self, SockaddrStorage};
+use ringfence::Completion;
+use ringfence_ring::Status;
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use super::*;
+
+/// The frames of one connection: the peer's requests go to the target
+/// side, answers to our lane's requests to the lane (dropped once our lane
+/// has let go of the connection).
+struct Frames<'a, 'b> {
+    requests: Requests<'a>,
+    answers: Option<Answers<'b>>,
+    /// A lane of ours used this connection: answers without a lane are
+    /// late ones, not a protocol error.
+    drop_answers: bool,
+}
+
+impl Frames<'_, '_> {
+    /// Where frame `h` goes: the target side, our lane, or nowhere (a late
+    /// answer).
+    fn to(&mut self, h: &Header) -> Result<Option<&mut dyn Handler>, Stop> {
+        if h.opcode.is_request() {
+            return Ok(Some(&mut self.requests));
+        }
+        match &mut self.answers {
+            Some(a) => Ok(Some(a)),
+            None if self.drop_answers => Ok(None),
+            None => Err(Stop::Fail(Broken::Protocol(
+                "a response on a target's connection",
+            ))),
+        }
+    }
+}
+
+impl Handler for Frames<'_, '_> {
+    fn header(&mut self, h: &Header) -> Result<(), Stop> {
+        self.to(h)?.map_or(Ok(()), |to| to.header(h))
+    }
+
+    fn payload(&mut self, h: &Header, at: u32, bytes: &[u8]) -> Result<(), Stop> {
+        self.to(h)?.map_or(Ok(()), |to| to.payload(h, at, bytes))
+    }
+
+    fn end(&mut self, h: &Header) -> Result<(), Stop> {
+        self.to(h)?.map_or(Ok(()), |to| to.end(h))
+    }
+}
+
+impl Tcp {
+    pub(super) fn handle(&mut self, cqe: &cqueue::Entry) {
+        let Some((tag, slot, generation)) = uring::parse_user_data(cqe.user_data()) else {
+            return;
+        };
+        let (res, flags) = (cqe.result(), cqe.flags());
+        match tag {
+            Tag::Accept => self.on_accept(res, flags),
+            Tag::Connect => self.on_connect(slot, generation, res),
+            Tag::Send => self.on_send(slot, generation, res),
+            Tag::Recv => self.on_recv(slot, generation, res, flags),
+            Tag::Direct => self.on_direct(slot, generation, res),
+            Tag::Cancel => {}
+        }
+    }
+
+    pub(super) fn on_accept(&mut self, res: i32, flags: u32) {
+        if !cqueue::more(flags) {
+            // Re-armed at the next commit (canceled when the submitting
+            // thread exited, or out of resources).
+            self.accept_armed = false;
+        }
+        if res < 0 {
+            tracing::debug!(errno = -res, "tcp accept failed");
+            return;
+        }
+        // SAFETY: a successful accept returns a new descriptor we own.
+        let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(res) };
+        if let Err(e) = tune(&fd, self.config.timeout) {
+            tracing::debug!(%e, "tcp: accepted connection dropped");
+            return;
+        }
+        let peer_ip = socket::getpeername::<SockaddrStorage>(fd.as_raw_fd())
+            .ok()
+            .and_then(|a| {
+                a.as_sockaddr_in()
+                    .map(|v4| std::net::IpAddr::V4(v4.ip()))
+                    .or_else(|| a.as_sockaddr_in6().map(|v6| std::net::IpAddr::V6(v6.ip())))
+            });
+        let peer = SockaddrStorage::from(std::net::SocketAddr::from(([0, 0, 0, 0], 0)));
+        let slot = self.add_conn(fd, None, peer);
+        if let Some(conn) = self.conns[slot as usize].as_deref_mut() {
+            conn.peer_ip = peer_ip;
+        }
+        self.arm_recv(slot);
+    }
+
+    pub(super) fn on_connect(&mut self, slot: u32, generation: u32, res: i32) {
+        let Some(conn) = self.conn_mut(slot, generation) else {
+            return;
+        };
+        conn.flying -= 1;
+        if conn.closing {
+            self.maybe_free(slot);
+            return;
+        }
+        if res < 0 {
+            tracing::debug!(errno = -res, "tcp connect failed");
+            self.close_conn(slot, Status::PeerUnreachable);
+            return;
+        }
+        conn.connected = true;
+        self.arm_recv(slot);
+    }
+
+    pub(super) fn on_send(&mut self, slot: u32, generation: u32, res: i32) {
+        let Some(conn) = conn_at(&mut self.conns, slot, generation) else {
+            return;
+        };
+        conn.flying -= 1;
+        if conn.closing {
+            self.maybe_free(slot);
+            return;
+        }
+        if res < 0 {
+            tracing::debug!(errno = -res, "tcp send failed");
+            self.close_conn(slot, Status::PeerUnreachable);
+            return;
+        }
+        match conn.send.sent(res as usize) {
+            Sent::Done => {}
+            Sent::More(msg) => {
+                let entry = Self::send_entry(conn, slot, msg);
+                // SAFETY: as in `commit`.
+                if unsafe { self.uring.push(&entry) }.is_ok() {
+                    conn.flying += 1;
+                }
+                return;
+            }
+        }
+        // Room freed: a paused reader (answers waiting for room) goes on.
+        if conn.accepted || conn.serve.greeted {
+            self.drain(slot);
+        }
+        if let Some(conn) = self.conns[slot as usize].as_deref_mut() {
+            Self::want_send(&mut self.to_send, slot, conn);
+        }
+    }
+
+    pub(super) fn send_entry(
+        conn: &Conn,
+        slot: u32,
+        msg: *const libc::msghdr,
+    ) -> io_uring::squeue::Entry {
+        on_socket!(conn, |fd| opcode::SendMsg::new(fd, msg)
+            .flags((libc::MSG_NOSIGNAL | libc::MSG_WAITALL) as u32)
+            .build())
+        .user_data(uring::user_data(Tag::Send, slot, conn.generation))
+    }
+
+    pub(super) fn on_recv(&mut self, slot: u32, generation: u32, res: i32, flags: u32) {
+        let bid = cqueue::buffer_select(flags);
+        let Some(conn) = conn_at(&mut self.conns, slot, generation) else {
+            self.uring.recycle(bid);
+            return;
+        };
+        let more = cqueue::more(flags);
+        if !more {
+            conn.recv_armed = false;
+            conn.flying -= 1;
+        }
+        if conn.closing {
+            self.uring.recycle(bid);
+            self.maybe_free(slot);
+            return;
+        }
+        match (res, bid) {
+            (n, Some(bid)) if n > 0 => {
+                if conn.spinning && n as u32 >= self.config.recv_buffer_size {
+                    // A full buffer: a stream, which the multishot
+                    // receive takes faster (many buffers per entry).
+                    conn.spin = 0;
+                }
+                conn.backlog.push_back((bid, n as u32, 0));
+                let spinning = conn.spinning;
+                self.drain(slot);
+                if !more {
+                    if spinning
+                        && live(&mut self.conns, slot).is_some_and(|c| c.direct == Direct::Off)
+                    {
+                        // Not in this round's commit: the application
+                        // sees what came without waiting for another
+                        // `io_uring_enter` (as AckHold).
+                        self.spin_next.push(slot);
+                    } else {
+                        self.receive_again(slot);
+                    }
+                }
+            }
+            (n, _) if n == -libc_errno::EAGAIN && conn.spinning => {
+                // A busy receive found nothing.
+                conn.spin = conn.spin.saturating_sub(1);
+                self.uring.recycle(bid);
+                self.receive_again(slot);
+            }
+            (n, _) if n == -libc_errno::ENOBUFS || n == -libc_errno::ECANCELED => {
+                // Out of receive buffers, canceled when the thread that
+                // armed it exited, or stopped for a direct receive.
+                self.uring.recycle(bid);
+                self.receive_again(slot);
+            }
+            (0, _) => {
+                self.uring.recycle(bid);
+                let clean = conn.reader.eof().is_ok();
+                let status = if clean {
+                    Status::PeerUnreachable
+                } else {
+                    tracing::debug!("tcp: peer closed inside a frame");
+                    Status::Transport
+                };
+                self.close_conn(slot, status);
+            }
+            (n, _) => {
+                self.uring.recycle(bid);
+                tracing::debug!(errno = -n, "tcp receive failed");
+                self.close_conn(slot, Status::PeerUnreachable);
+            }
+        }
+    }
+
+    /// The multishot receive of `slot` ended: a direct receive starts if
+    /// one was asked for, else the multishot receive is armed again at the
+    /// next commit.
+    pub(super) fn receive_again(&mut self, slot: u32) {
+        let Some(conn) = live(&mut self.conns, slot) else {
+            return;
+        };
+        if conn.closing {
+            return;
+        }
+        if conn.direct == Direct::Stopping {
+            self.start_direct(slot);
+        } else {
+            self.rearm.push(slot);
+        }
+    }
+
+    /// Receives the rest of the current PUT's payload straight into its
+    /// window, if the reader is still inside it; else goes back to the
+    /// multishot receive.
+    pub(super) fn start_direct(&mut self, slot: u32) {
+        let Some(conn) = live(&mut self.conns, slot) else {
+            return;
+        };
+        // Only a PUT's payload: the reader may have moved on to an answer's
+        // (GET data for a lane of ours) since the multishot was stopped.
+        let target = match (conn.reader.in_payload(), conn.serve.write_target()) {
+            (Some((h, at)), Some(addr)) if conn.backlog.is_empty() && h.opcode == Opcode::Put => {
+                Some((h, at, addr))
+            }
+            _ => None,
+        };
+        let Some((h, at, addr)) = target else {
+            conn.direct = Direct::Off;
+            self.rearm.push(slot);
+            return;
+        };
+        let dst = (addr + u64::from(at)) as usize as *mut u8;
+        let entry = on_socket!(conn, |fd| opcode::Recv::new(fd, dst, h.len - at)
+            .flags(libc::MSG_WAITALL)
+            .build())
+        .user_data(uring::user_data(Tag::Direct, slot, conn.generation));
+        // SAFETY: `[dst, dst + len)` is the rest of a PUT's range, checked
+        // against a live registration when its header came; the memory
+        // stays until this receive completes: `quiesce` of a deregistered
+        // window answers `Pending` until it has (or `Leak`).
+        if unsafe { self.uring.push(&entry) }.is_ok() {
+            conn.flying += 1;
+            conn.direct = Direct::Receiving { key: h.key };
+        } else {
+            conn.direct = Direct::Off;
+            self.rearm.push(slot);
+        }
+    }
+
+    pub(super) fn on_direct(&mut self, slot: u32, generation: u32, res: i32) {
+        let Some(conn) = conn_at(&mut self.conns, slot, generation) else {
+            return;
+        };
+        conn.flying -= 1;
+        if conn.closing {
+            self.maybe_free(slot);
+            return;
+        }
+        if res <= 0 {
+            let status = if res == 0 {
+                Status::Transport
+            } else {
+                Status::PeerUnreachable
+            };
+            tracing::debug!(errno = -res, "tcp direct receive ended");
+            self.close_conn(slot, status);
+            return;
+        }
+        conn.placed = res as u32;
+        // Moves the reader past the placed bytes (answering the PUT if they
+        // were its last), then takes whatever else is queued.
+        self.drain(slot);
+        let Some(conn) = live(&mut self.conns, slot) else {
+            return;
+        };
+        if conn.closing {
+            return;
+        }
+        // A short receive (a signal): the rest, straight again.
+        self.start_direct(slot);
+    }
+
+    /// Feeds connection `slot`'s received bytes to its reader, as far as
+    /// the reader takes them.
+    pub(super) fn drain(&mut self, slot: u32) {
+        let Tcp {
+            uring,
+            conns,
+            eps,
+            regs,
+            notify,
+            address,
+            answered,
+            recycled,
+            to_send,
+            held_acks,
+            config,
+            ..
+        } = self;
+        let Some(conn) = live(conns, slot) else {
+            return;
+        };
+        let mut broken: Option<Broken> = None;
+        let mut refused = None;
+        let mut progressed = false;
+        // Our lane's answers, if a lane of ours sends on this connection.
+        let ours = conn.ours.and_then(|(e, lane)| {
+            let endpoint = eps.get_mut(e as usize)?.as_mut()?;
+            let instance = endpoint.peer.instance;
+            Some((e, endpoint.lanes.get_mut(usize::from(lane))?, instance))
+        });
+        let ours_ep = ours.as_ref().map(|&(e, _, _)| e);
+        if ours.as_ref().is_some_and(|(_, lane, _)| lane.up) {
+            conn.by_ref = true;
+        }
+        let mut handler = Frames {
+            requests: Requests {
+                serve: &mut conn.serve,
+                send: &mut conn.send,
+                regs,
+                notify: notify.as_deref(),
+                instance: address.instance,
+                duplex: conn.by_ref,
+                hold_hello_ack: conn.ours.is_some(),
+            },
+            answers: ours.map(|(_, lane, instance)| Answers {
+                lane,
+                instance,
+                refused: &mut refused,
+                progressed: &mut progressed,
+            }),
+            drop_answers: conn.had_ours,
+        };
+        let placed = std::mem::take(&mut conn.placed);
+        if placed > 0 {
+            if let Err(b) = conn.reader.advance(placed, &mut handler) {
+                broken = Some(b);
+            }
+        }
+        // A frame paused earlier goes first.
+        let mut go = broken.is_none() && handler.requests.pump_get();
+        if go {
+            match conn.reader.feed(&[], &mut handler) {
+                Ok(_) => {}
+                Err(b) => broken = Some(b),
+            }
+        }
+        while go && broken.is_none() {
+            let Some(&mut (bid, len, ref mut taken)) = conn.backlog.front_mut() else {
+                break;
+            };
+            let data = uring.buffer(bid, len as usize).unwrap_or_default();
+            let rest = data.get(*taken as usize..).unwrap_or_default();
+            match conn.reader.feed(rest, &mut handler) {
+                Ok(n) => {
+                    *taken += n as u32;
+                    if *taken >= len {
+                        conn.backlog.pop_front();
+                        recycled.push(bid);
+                    } else {
+                        go = false; // paused: waits for send room
+                    }
+                }
+                Err(b) => broken = Some(b),
+            }
+        }
+        // Answers with data are queued already; the ACK of what this round
+        // took waits for the next round's commit (AckHold).
+        if conn.serve.ack_pending() && conn.ack == AckHold::None {
+            conn.ack = AckHold::Fresh;
+            held_acks.push(slot);
+        }
+        // Inside a large PUT's payload: the rest goes straight into the
+        // window once the multishot receive has stopped.
+        if let Some((h, at)) = conn.reader.in_payload() {
+            let big = h.opcode == Opcode::Put && h.len - at >= config.direct_min;
+            if big
+                && conn.direct == Direct::Off
+                && (conn.recv_armed || conn.spinning)
+                && conn.serve.write_target().is_some()
+            {
+                if conn.recv_armed {
+                    let recv = uring::user_data(Tag::Recv, slot, conn.generation);
+                    let entry = opcode::AsyncCancel::new(recv)
+                        .build()
+                        .user_data(uring::user_data(Tag::Cancel, slot, conn.generation));
+                    // SAFETY: a cancellation names no memory.
+                    if unsafe { uring.push(&entry) }.is_ok() {
+                        conn.direct = Direct::Stopping;
+                    }
+                } else {
+                    // Busy receiving, none in flight: the direct receive
+                    // starts where the next one would (`arm_recv`).
+                    conn.direct = Direct::Stopping;
+                }
+            }
+        }
+        if let Some(e) = ours_ep {
+            let endpoint = eps.get_mut(e as usize).and_then(Option::as_mut);
+            // A failed endpoint was listed when it failed.
+            if let Some(endpoint) = endpoint {
+                if progressed && !endpoint.listed && !matches!(endpoint.state, EpState::Failed(_)) {
+                    endpoint.listed = true;
+                    answered.push(e);
+                }
+            }
+        }
+        Self::want_send(to_send, slot, conn);
+        uring.recycle(recycled.drain(..));
+        if let Some(b) = broken {
+            tracing::debug!(?b, "tcp: connection closed: broken stream");
+            self.close_conn(slot, Status::Transport);
+        } else if let Some(status) = refused {
+            self.close_conn(slot, status);
+        } else {
+            self.settle(slot);
+        }
+    }
+
+    pub(super) fn arm_recv(&mut self, slot: u32) {
+        let Some(conn) = live(&mut self.conns, slot) else {
+            return;
+        };
+        if conn.recv_armed || conn.closing || matches!(conn.direct, Direct::Receiving { .. }) {
+            return;
+        }
+        if conn.direct == Direct::Stopping {
+            // Asked for while busy receiving, with no receive in flight.
+            self.start_direct(slot);
+            return;
+        }
+        if conn.spinning && conn.spin == 0 {
+            conn.spinning = false;
+        }
+        let user_data = uring::user_data(Tag::Recv, slot, conn.generation);
+        let entry = if conn.spinning {
+            // Nonblocking: it takes what is there or fails with EAGAIN
+            // inside this round's `io_uring_enter`, and arms no poll.
+            on_socket!(conn, |fd| opcode::Recv::new(fd, std::ptr::null_mut(), 0)
+                .buf_group(BUF_GROUP)
+                .flags(libc::MSG_DONTWAIT)
+                .build())
+            .flags(squeue::Flags::BUFFER_SELECT)
+            .user_data(user_data)
+        } else {
+            on_socket!(conn, |fd| opcode::RecvMulti::new(fd, BUF_GROUP).build())
+                .user_data(user_data)
+        };
+        // SAFETY: the receive writes only into provided buffers, which live
+        // as long as the ring; the descriptor stays open while the request
+        // is in flight (`flying`).
+        if unsafe { self.uring.push(&entry) }.is_ok() {
+            conn.recv_armed = true;
+            conn.flying += 1;
+        }
+    }
+
+    /// A lane of ours posted a request on connection `slot`: its answer is
+    /// awaited, so the connection receives by busy receives from the next
+    /// commit on (see [`SPIN_ROUNDS`]). The multishot receive, if armed, is
+    /// canceled; its last completion arms the first busy receive.
+    pub(super) fn start_spin(&mut self, slot: u32) {
+        let Some(conn) = live(&mut self.conns, slot) else {
+            return;
+        };
+        conn.spin = SPIN_ROUNDS;
+        if conn.spinning || conn.closing {
+            return;
+        }
+        conn.spinning = true;
+        self.spinners.push(slot);
+        if conn.recv_armed && conn.direct == Direct::Off {
+            let recv = uring::user_data(Tag::Recv, slot, conn.generation);
+            let entry = opcode::AsyncCancel::new(recv)
+                .build()
+                .user_data(uring::user_data(Tag::Cancel, slot, conn.generation));
+            // SAFETY: a cancellation names no memory.
+            let _ = unsafe { self.uring.push(&entry) };
+        }
+    }
+
+    /// Reports answered requests, finished flushes and finished connects
+    /// into `out` from index `n`; returns the new `n`.
+    pub(super) fn emit(&mut self, out: &mut [Completion], mut n: usize) -> usize {
+        let mut i = 0;
+        while i < self.answered.len() && n < out.len() {
+            let e = self.answered[i];
+            let Some(ep) = self.eps.get_mut(e as usize).and_then(Option::as_mut) else {
+                self.answered.swap_remove(i);
+                continue;
+            };
+            if let EpState::Connecting(token) = ep.state {
+                if ep.lanes.iter().all(|l| l.up) {
+                    ep.state = EpState::Up;
+                    self.ready.push_back(Completion::new(token, Ok(0)));
+                }
+            }
+            let failed = match ep.state {
+                EpState::Failed(status) => Some(status),
+                _ => None,
+            };
+            let mut done = true;
+            for lane in &mut ep.lanes {
+                n = lane.emit(out, n);
+                while let Some(&(f, seq)) = lane.marks.front() {
+                    if !lane.reported(seq) {
+                        break;
+                    }
+                    lane.marks.pop_front();
+                    let Some(flush) = ep.flushes.get_mut(f as usize).and_then(Option::as_mut)
+                    else {
+                        continue;
+                    };
+                    flush.remaining -= 1;
+                    if flush.remaining == 0 {
+                        self.ready
+                            .push_back(Completion::new(flush.token, failed.map_or(Ok(0), Err)));
+                        ep.flushes[f as usize] = None;
+                    }
+                }
+                done &= lane.answered == 0;
+            }
+            if done {
+                ep.listed = false;
+                self.answered.swap_remove(i);
+                if ep.released && ep.lanes.iter().all(|l| l.pending.is_empty()) {
+                    self.eps[e as usize] = None;
+                }
+            } else {
+                i += 1;
+            }
+        }
+        while n < out.len() {
+            let Some(c) = self.ready.pop_front() else {
+                break;
+            };
+            out[n] = c;
+            n += 1;
+        }
+        n
+    }
+}

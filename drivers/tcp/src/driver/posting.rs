@@ -1,0 +1,307 @@
+//! Posting: operations and flushes queued on their lane's connection,
+//! the round's doorbell (`commit`: every connection's sends in one
+//! submission), and held acknowledgements.
+
+use crate::lane::Wants;
+use crate::wire::{HEADER_LEN, Header, Opcode};
+use ringfence::{DriverEp, LaneMask, Op, OpKind, Posted, Token, peer_mem};
+use ringfence_ring::{AtomicOp, Status};
+
+use super::*;
+
+impl Tcp {
+    /// Puts `slot` on the send list (sent at `commit`).
+    pub(super) fn want_send(to_send: &mut Vec<u32>, slot: u32, conn: &mut Conn) {
+        if !conn.listed && conn.send.queued() > 0 {
+            conn.listed = true;
+            to_send.push(slot);
+        }
+    }
+
+    /// Starts a send on every listed connection that can take one:
+    /// requests first, then answers, so that held ACKs go behind what the
+    /// application sent this round.
+    pub(super) fn start_sends(&mut self) {
+        let Tcp {
+            uring,
+            conns,
+            to_send,
+            ..
+        } = self;
+        to_send.sort_unstable_by_key(|&slot| {
+            conns
+                .get(slot as usize)
+                .and_then(|c| c.as_deref())
+                .is_some_and(|c| c.ours.is_none())
+        });
+        to_send.retain(|&slot| {
+            let Some(conn) = live(conns, slot) else {
+                return false;
+            };
+            if conn.closing {
+                conn.listed = false;
+                return false;
+            }
+            // A lane's first bytes (its HELLO) wait for its connect.
+            if !conn.connected || conn.send.is_flying() {
+                return true;
+            }
+            if let Some(msg) = conn.send.start() {
+                let entry = Self::send_entry(conn, slot, msg);
+                // SAFETY: the msghdr, its iovecs and the staging they point
+                // into live in the boxed connection's batch, untouched until
+                // this send completes; iovecs over registered memory stay
+                // valid until the operation completes (the `post` contract),
+                // which is after this send completed.
+                if unsafe { uring.push(&entry) }.is_ok() {
+                    conn.flying += 1;
+                }
+            }
+            conn.listed = false;
+            false
+        });
+    }
+
+    /// At teardown: every held ACK is sent, as far as the socket takes it
+    /// at once (a PUT the target executed is then acknowledged, as it would
+    /// have been before the hold); nothing here waits for the peer.
+    pub(super) fn send_held_acks(&mut self) {
+        for slot in std::mem::take(&mut self.held_acks) {
+            let Some(conn) = live(&mut self.conns, slot) else {
+                continue;
+            };
+            conn.ack = AckHold::None;
+            if !conn.closing && conn.serve.queue_ack(&mut conn.send) {
+                Self::want_send(&mut self.to_send, slot, conn);
+            }
+        }
+        self.start_sends();
+        // A small send into a socket with room completes inside the
+        // submission; its completion is taken with the others below.
+        let _ = self.uring.submit();
+        while let Some(cqe) = self.uring.next() {
+            self.handle_teardown(&cqe);
+        }
+    }
+
+    pub(super) unsafe fn post_op(&mut self, ep: DriverEp, op: &Op, token: Token) -> Posted {
+        let rkey = match op.remote {
+            Some((rkey, addr)) => match self.rkeys.get(rkey.0 as usize) {
+                Some(k) if k.ep == ep.0 => Some((*k, addr)),
+                _ => return Posted::Done(Err(Status::InvalidRkey)),
+            },
+            None => None,
+        };
+        let Tcp {
+            eps,
+            conns,
+            to_send,
+            to_spin,
+            ..
+        } = self;
+        let Some(endpoint) = eps.get_mut(ep.0 as usize).and_then(Option::as_mut) else {
+            return Posted::Done(Err(Status::InvalidEndpoint));
+        };
+        match endpoint.state {
+            EpState::Up => {}
+            EpState::Failed(status) => return Posted::Done(Err(status)),
+            EpState::Connecting(_) => return Posted::Done(Err(Status::EndpointFailed)),
+        }
+        let Some(lane) = endpoint.lanes.get_mut(usize::from(op.lane)) else {
+            return Posted::Done(Err(Status::InvalidArgument));
+        };
+        if !lane.has_room() {
+            return Posted::NoResource;
+        }
+        // Both ways on one connection: a write waits for the GETs before
+        // it, and leaves the room kept for answers (see `wire`).
+        if op.kind != OpKind::Get && lane.write_waits() {
+            return Posted::NoResource;
+        }
+        let Some(conn) = live(conns, lane.conn) else {
+            return Posted::Done(Err(Status::PeerUnreachable));
+        };
+        let staged = match op.kind {
+            OpKind::Put if op.len <= COPY_MAX => op.len as usize,
+            OpKind::Notify => op.len as usize,
+            _ => 0,
+        };
+        if conn.duplex && !conn.send.request_room(HEADER_LEN + staged) {
+            return Posted::NoResource;
+        }
+        let mut h = Header {
+            len: op.len,
+            seq: lane.next_seq(),
+            ..Header::new(Opcode::Put, op.lane)
+        };
+        if let Some((k, addr)) = rkey {
+            h.key = k.key;
+            h.secret = k.secret;
+            h.addr = addr;
+        }
+        let (queued, wants) = match op.kind {
+            OpKind::Put if op.len <= COPY_MAX => {
+                let src = op.local_addr;
+                let len = op.len as usize;
+                let queued = conn.send.push_filled(&h.encode(), len, |dst| {
+                    // SAFETY: the engine vouches for `[src, src + len)` (the
+                    // `post` contract); `dst` is `len` bytes of staging.
+                    unsafe { peer_mem::copy(src, dst as u64, len) }
+                });
+                (queued, Wants::Ack { len: op.len })
+            }
+            OpKind::Put => {
+                // SAFETY: the engine keeps the source registered until this
+                // operation completes, which is after its send completed
+                // (the target answers only what it received).
+                let queued = unsafe {
+                    conn.send
+                        .push_ref(&h.encode(), op.local_addr, op.len as usize)
+                };
+                (queued, Wants::Ack { len: op.len })
+            }
+            OpKind::Get => {
+                h.opcode = Opcode::Get;
+                let wants = Wants::Data {
+                    dst: op.local_addr,
+                    len: op.len,
+                    got: 0,
+                };
+                (conn.send.push_copy(&[&h.encode()]), wants)
+            }
+            OpKind::Atomic(aop) => {
+                h.opcode = Opcode::Atomic;
+                h.arg = aop.as_raw();
+                h.len = 8;
+                h.operand = op.operand;
+                if aop == AtomicOp::CSWAP {
+                    h.operand2 = op.operand2;
+                }
+                let dst = aop.is_fetching().then_some(op.local_addr);
+                (conn.send.push_copy(&[&h.encode()]), Wants::Fetch { dst })
+            }
+            OpKind::Notify => {
+                h = Header {
+                    len: op.len,
+                    seq: h.seq,
+                    operand: op.operand,
+                    ..Header::new(Opcode::Notify, op.lane)
+                };
+                let src = op.local_addr;
+                let len = op.len as usize;
+                let queued = conn.send.push_filled(&h.encode(), len, |dst| {
+                    // SAFETY: as for a small PUT.
+                    unsafe { peer_mem::copy(src, dst as u64, len) }
+                });
+                (queued, Wants::Ack { len: op.len })
+            }
+        };
+        if !queued {
+            return Posted::NoResource;
+        }
+        lane.push(token, wants);
+        let slot = lane.conn;
+        Self::want_send(to_send, slot, conn);
+        // Once per connection until the commit takes the list.
+        if !conn.spinning && conn.spin != SPIN_ROUNDS {
+            to_spin.push(slot);
+        }
+        conn.spin = SPIN_ROUNDS;
+        Posted::InFlight
+    }
+
+    pub(super) fn flush_lanes(&mut self, ep: DriverEp, lanes: LaneMask, token: Token) -> Posted {
+        let Some(endpoint) = self.ep_mut(ep) else {
+            return Posted::Done(Err(Status::InvalidEndpoint));
+        };
+        if let EpState::Failed(status) = endpoint.state {
+            return Posted::Done(Err(status));
+        }
+        let Some(f) = endpoint.flushes.iter().position(Option::is_none) else {
+            return Posted::NoResource;
+        };
+        let mut remaining = 0;
+        for (i, lane) in endpoint.lanes.iter_mut().enumerate() {
+            if lanes & (1 << i) == 0 || lane.pending.is_empty() {
+                continue;
+            }
+            if lane.marks.len() == lane.marks.capacity() {
+                // Undo: a flush either waits on every lane or on none.
+                for l in &mut endpoint.lanes {
+                    if l.marks.back().is_some_and(|&(m, _)| m == f as u32) {
+                        l.marks.pop_back();
+                    }
+                }
+                return Posted::NoResource;
+            }
+            lane.marks.push_back((f as u32, lane.next_seq() - 1));
+            remaining += 1;
+        }
+        if remaining == 0 {
+            return Posted::Done(Ok(0));
+        }
+        endpoint.flushes[f] = Some(Flush { token, remaining });
+        Posted::InFlight
+    }
+
+    pub(super) fn commit_round(&mut self) {
+        if !self.accept_armed {
+            self.arm_accept();
+        }
+        let Tcp {
+            conns,
+            to_send,
+            held_acks,
+            ..
+        } = self;
+        // ACKs held since the last commit go now; this round's wait one
+        // more (AckHold).
+        held_acks.retain(|&slot| {
+            let Some(conn) = live(conns, slot) else {
+                return false;
+            };
+            match conn.ack {
+                AckHold::Fresh if !conn.closing => {
+                    conn.ack = AckHold::Aged;
+                    return true;
+                }
+                AckHold::Aged if !conn.closing => {
+                    // No room: the batch in flight makes room, and the ACK
+                    // goes at a later commit.
+                    if !conn.serve.queue_ack(&mut conn.send) {
+                        return true;
+                    }
+                    Self::want_send(to_send, slot, conn);
+                }
+                _ => {}
+            }
+            conn.ack = AckHold::None;
+            false
+        });
+        // Sends first: the kernel runs the entries in order, and a busy
+        // receive ahead of a send would delay it by a receive that cannot
+        // find its answer yet (SPIN_ROUNDS).
+        self.start_sends();
+        let mut to_spin = std::mem::take(&mut self.to_spin);
+        for &slot in &to_spin {
+            self.start_spin(slot);
+        }
+        to_spin.clear();
+        self.to_spin = to_spin;
+        let mut rearm = std::mem::take(&mut self.rearm);
+        for &slot in &rearm {
+            self.arm_recv(slot);
+        }
+        rearm.clear();
+        // For the next commit: what arming asked for again, and busy
+        // receives that found data this round.
+        rearm.append(&mut self.rearm);
+        rearm.append(&mut self.spin_next);
+        self.rearm = rearm;
+        self.spinners
+            .retain(|&slot| live(&mut self.conns, slot).is_some_and(|c| c.spinning && !c.closing));
+        if let Err(e) = self.uring.submit() {
+            tracing::warn!(%e, "tcp: io_uring submit failed");
+        }
+    }
+}
