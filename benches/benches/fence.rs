@@ -32,11 +32,9 @@
 //! Run: `cargo bench -p ringfence-benches --bench fence`.
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use ringfence::{
-    CompletionMode, EndpointId, FaultInjector, Loopback, QueuePair, RegisteredBuf, RkeyId, Timing,
-    Worker,
-};
+use ringfence::{CompletionMode, EndpointId, Loopback, QueuePair, RegisteredBuf, RkeyId, Worker};
 use ringfence_ring::{Cqe, FenceMode, RemoteBuf, Sqe, SqeFlags};
+use ringfence_testkit::{FaultInjector, Timing};
 use std::hint::{black_box, spin_loop};
 use std::time::{Duration, Instant};
 

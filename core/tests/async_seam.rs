@@ -12,10 +12,11 @@
 use ringfence::{
     Completion, Connect, Driver, DriverContext, DriverEp, DriverMemKey, DriverMemory, DriverRkey,
     EndpointId, EndpointState, KeyPart, Loopback, MemDesc, MemKind, MemKinds, NotifyPool, Op,
-    OpKind, Posted, Prepared, QueuePair, Quiesce, Quiesced, RegisteredBuf, RkeyId, SimDriver,
-    SimEvent, SimHandle, SimTiming, Token, Unpacked, Worker,
+    OpKind, Posted, Prepared, QueuePair, Quiesce, Quiesced, RegisteredBuf, RkeyId, Token, Unpacked,
+    Worker,
 };
 use ringfence_ring::{Cqe, FenceMode, RemoteBuf, Sqe, Status};
+use ringfence_testkit::{SimDriver, SimEvent, SimHandle, SimTiming};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -241,7 +242,7 @@ fn a_connect_that_succeeds_runs_the_queued_sqes_in_order() {
     // fence k took effect after every operation before it.
     let log = sim.log();
     assert_eq!(log.len(), 79, "70 PUTs and 9 atomics");
-    let index_of = |x: &ringfence::Executed| (x.remote_addr - window.addr()) / (SLOT * 4);
+    let index_of = |x: &ringfence_testkit::Executed| (x.remote_addr - window.addr()) / (SLOT * 4);
     let epoch = |i: u64| sqes[..i as usize].iter().filter(|s| is_fence(s)).count();
     let epochs: Vec<usize> = log.iter().map(|x| epoch(index_of(x))).collect();
     assert!(

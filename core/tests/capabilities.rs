@@ -9,11 +9,9 @@
 //! (`Loopback::with_capabilities`), wrapped in `FaultInjector`s where a
 //! test needs writes in flight or to see what reached the driver.
 
-use ringfence::{
-    AtomicDomain, AtomicOps, FaultHandle, FaultInjector, Loopback, LoopbackTarget, QueuePair,
-    RegisteredBuf, RkeyId, Timing, Worker, run_sqes,
-};
+use ringfence::{AtomicDomain, AtomicOps, Loopback, QueuePair, RegisteredBuf, RkeyId, Worker};
 use ringfence_ring::{AtomicOp, Cqe, RemoteBuf, Sqe, Status};
+use ringfence_testkit::{FaultHandle, FaultInjector, LoopbackTarget, Timing, run_sqes};
 
 /// PUTs from this size take bandwidth lanes (lanes 1 and up).
 const BIG: u32 = 4096;

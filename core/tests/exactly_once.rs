@@ -5,8 +5,9 @@
 //! over loopback and over the asynchronous seam (`SimDriver`).
 
 use proptest::prelude::*;
-use ringfence::{CompletionMode, EndpointState, Loopback, SimDriver, SimHandle, SimTiming, Worker};
+use ringfence::{CompletionMode, EndpointState, Loopback, Worker};
 use ringfence_ring::{Cqe, FenceMode, RemoteBuf, Sqe, SqeFlags, Status};
+use ringfence_testkit::{SimDriver, SimHandle, SimTiming};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 

@@ -8,11 +8,11 @@
 //! time: progress runs in loops bounded by a count of calls.
 
 use ringfence::{
-    Completion, CompletionMode, Connect, Driver, DriverEp, EndpointId, EndpointState, FaultHandle,
-    FaultInjector, Loopback, LoopbackTarget, Posted, QueuePair, Quiesce, Quiesced, RegisteredBuf,
-    RkeyId, Timing, Token, Worker,
+    Completion, CompletionMode, Connect, Driver, DriverEp, EndpointId, EndpointState, Loopback,
+    Posted, QueuePair, Quiesce, Quiesced, RegisteredBuf, RkeyId, Token, Worker,
 };
 use ringfence_ring::{FenceMode, RemoteBuf, Sqe, Status};
+use ringfence_testkit::{FaultHandle, FaultInjector, LoopbackTarget, Timing};
 use std::collections::HashMap;
 
 const BIG: u32 = 1024;

@@ -13,10 +13,13 @@
 
 use proptest::prelude::*;
 use ringfence::{
-    CompletionMode, DriverEp, EndpointId, Executed, FaultHandle, FaultInjector, Loopback, OpKind,
-    QueuePair, RegisteredBuf, RkeyId, SimDriver, SimHandle, SimTiming, Timing, Worker,
+    CompletionMode, DriverEp, EndpointId, Loopback, OpKind, QueuePair, RegisteredBuf, RkeyId,
+    Worker,
 };
 use ringfence_ring::{CloseMode, Cqe, FenceMode, RemoteBuf, Sqe, Status};
+use ringfence_testkit::{
+    Executed, FaultHandle, FaultInjector, SimDriver, SimHandle, SimTiming, Timing,
+};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

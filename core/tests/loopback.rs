@@ -7,10 +7,10 @@
 //! (`try_now`, runs of PUTs executed inline), which it says.
 
 use ringfence::{
-    CompletionMode, EndpointId, Loopback, QueuePair, RegisteredBuf, RkeyId, SimDriver, SimTiming,
-    Worker, WorkerBuilder,
+    CompletionMode, EndpointId, Loopback, QueuePair, RegisteredBuf, RkeyId, Worker, WorkerBuilder,
 };
 use ringfence_ring::{Cqe, FenceMode, LocalBuf, Opcode, RemoteBuf, Sqe, SqeFlags, Status};
+use ringfence_testkit::{SimDriver, SimTiming};
 use std::time::{Duration, Instant};
 
 const HANG: Duration = Duration::from_secs(120);

@@ -4,10 +4,11 @@
 //! timing and its flushes can be set and seen.
 
 use ringfence::{
-    CompletionMode, Error, FaultHandle, FaultInjector, Loopback, LoopbackTarget, MemKind, MemKinds,
-    OpKind, QueuePair, RegisteredBuf, RkeyId, Timing, Worker, run_sqes as run,
+    CompletionMode, Error, Loopback, MemKind, MemKinds, OpKind, QueuePair, RegisteredBuf, RkeyId,
+    Worker,
 };
 use ringfence_ring::{Cqe, FenceMode, RemoteBuf, Sqe, Status};
+use ringfence_testkit::{FaultHandle, FaultInjector, LoopbackTarget, Timing, run_sqes as run};
 
 /// PUTs from this size take bandwidth lanes.
 const BIG: u32 = 1024;

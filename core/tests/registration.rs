@@ -5,13 +5,12 @@
 //! parts behind; and the slow first phase that runs without the engine
 //! lock.
 
-#![cfg(feature = "testkit")]
-
 use ringfence::{
     EndpointId, Error, Loopback, MemKind, MemKinds, QueuePair, Registered, RegisteredBuf, RkeyId,
-    SimDriver, SimEvent, SimHandle, Unpacked, Worker, run_sqes as run,
+    Unpacked, Worker,
 };
 use ringfence_ring::{Cqe, RemoteBuf, Sqe, Status};
+use ringfence_testkit::{SimDriver, SimEvent, SimHandle, run_sqes as run};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -362,7 +361,7 @@ fn the_device_ordinal_travels_in_the_key() {
 fn a_slow_registration_runs_without_the_engine_lock() {
     let (sim, handle) = SimDriver::new(Loopback::new());
     let w = Worker::builder().driver(sim).ignore_env().build().unwrap();
-    let target = ringfence::LoopbackTarget::connect(&w, 4096);
+    let target = ringfence_testkit::LoopbackTarget::connect(&w, 4096);
     let src = w.alloc_registered(64).unwrap();
     let key = target.worker.pack_rkey(target.window.handle()).unwrap();
     let mut qp = w.create_queue().unwrap();

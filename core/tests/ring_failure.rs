@@ -11,11 +11,9 @@
 
 #![allow(unsafe_code)] // writes garbage into the ring memory, on purpose
 
-use ringfence::{
-    CompletionMode, EndpointId, FaultHandle, FaultInjector, Loopback, LoopbackTarget, QueuePair,
-    RegisteredBuf, RkeyId, Timing, Worker,
-};
+use ringfence::{CompletionMode, EndpointId, Loopback, QueuePair, RegisteredBuf, RkeyId, Worker};
 use ringfence_ring::{ConsumerLine, Cqe, ProducerLine, RemoteBuf, RingError, Sqe, Status};
+use ringfence_testkit::{FaultHandle, FaultInjector, LoopbackTarget, Timing};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 

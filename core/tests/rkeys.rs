@@ -7,8 +7,9 @@
 //! Deterministic on a loaded machine: nothing sleeps to synchronize, no
 //! assertion is about time.
 
-use ringfence::{Loopback, SimDriver, SimEvent, SimHandle, SimTiming, Status, Worker, run_sqes};
+use ringfence::{Loopback, Status, Worker};
 use ringfence_ring::{CloseMode, RemoteBuf, Sqe};
+use ringfence_testkit::{SimDriver, SimEvent, SimHandle, SimTiming, run_sqes};
 
 /// A worker with two simulated drivers, "sa" and "sb", one endpoint with
 /// a lane on each to a target that has both, and the target's window key.

@@ -9,10 +9,10 @@
 //! only catches hangs.
 
 use ringfence::{
-    CompletionMode, EndpointId, EndpointState, FaultHandle, FaultInjector, Loopback,
-    LoopbackTarget, QueuePair, RegisteredBuf, RkeyId, SimDriver, Timing, Worker,
+    CompletionMode, EndpointId, EndpointState, Loopback, QueuePair, RegisteredBuf, RkeyId, Worker,
 };
 use ringfence_ring::{Cqe, FenceMode, RemoteBuf, Sqe, Status};
+use ringfence_testkit::{FaultHandle, FaultInjector, LoopbackTarget, SimDriver, Timing};
 use std::time::{Duration, Instant};
 
 const HANG: Duration = Duration::from_secs(30);

@@ -6,10 +6,9 @@
 //! flipped PUT and GET. The unflipped SQEs, run last, succeed: the flips
 //! are what the engine refuses.
 
-use ringfence::{
-    EndpointId, Loopback, QueuePair, RegisteredBuf, RkeyId, SimDriver, SimTiming, Worker,
-};
+use ringfence::{EndpointId, Loopback, QueuePair, RegisteredBuf, RkeyId, Worker};
 use ringfence_ring::{CloseMode, Cqe, FenceMode, RemoteBuf, Sqe, SqeFlags, Status};
+use ringfence_testkit::{SimDriver, SimTiming};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 

@@ -28,11 +28,12 @@
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use ringfence::{
     Capabilities, Completion, CompletionMode, Connect, Driver, DriverContext, DriverEp,
-    DriverError, DriverMemKey, DriverRkey, FaultInjector, KeyPart, LaneMask, Loopback, MemDesc,
-    MemKinds, Op, OpKind, Posted, Prepared, QueuePair, Quiesce, Quiesced, Registered,
-    RegisteredBuf, SimDriver, SimTiming, Sleep, Timing, Token, Unpacked, Worker,
+    DriverError, DriverMemKey, DriverRkey, KeyPart, LaneMask, Loopback, MemDesc, MemKinds, Op,
+    OpKind, Posted, Prepared, QueuePair, Quiesce, Quiesced, Registered, RegisteredBuf, Sleep,
+    Token, Unpacked, Worker,
 };
 use ringfence_ring::{RemoteBuf, Sqe, Status};
+use ringfence_testkit::{FaultInjector, SimDriver, SimTiming, Timing};
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -43,12 +43,12 @@ const TRAIT: &str = include_str!("../src/driver/mod.rs");
 const WRAPPERS: &[(&str, &str, &str)] = &[
     (
         "FaultInjector",
-        include_str!("../src/fault.rs"),
+        include_str!("../../testkit/src/fault.rs"),
         "impl<D: Driver> Driver for FaultInjector<D> {",
     ),
     (
         "SimDriver",
-        include_str!("../src/sim.rs"),
+        include_str!("../../testkit/src/sim.rs"),
         "impl<D: Driver> Driver for SimDriver<D> {",
     ),
 ];

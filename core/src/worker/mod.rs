@@ -518,9 +518,8 @@ impl Worker {
     }
 
     /// The driver's handle of endpoint `ep` (of its first lane group):
-    /// what a driver wrapper such as the `FaultInjector` sees as the
-    /// endpoint.
-    #[cfg(feature = "testkit")]
+    /// what a driver wrapper such as the test kit's `FaultInjector` sees
+    /// as the endpoint.
     pub fn driver_endpoint(&self, ep: EndpointId) -> Option<DriverEp> {
         self.shared
             .engine()

@@ -1,5 +1,5 @@
 //! `FaultInjector`: a driver wrapper that makes a well-behaved driver
-//! misbehave on purpose, for tests of the fence engine (feature `testkit`).
+//! misbehave on purpose, for tests of the fence engine.
 //!
 //! It holds every post and flush before handing it to the inner driver, and
 //! lets it through according to a program set through its [`FaultHandle`]:
@@ -33,19 +33,19 @@
 //! with a model.
 //!
 //! The inner driver should complete synchronously (the loopback driver in
-//! [`CompletionMode::Immediate`](crate::CompletionMode::Immediate)): the
+//! [`CompletionMode::Immediate`](ringfence::CompletionMode::Immediate)): the
 //! injector owns all timing. Completions the inner driver returns later are
 //! passed through.
 
 #![allow(unsafe_code)] // forwards the unsafe `post` and `execute`
 
-use crate::DriverMemory;
-use crate::driver::{
+use ringfence::DriverMemory;
+use ringfence::MemKind;
+use ringfence::{
     Capabilities, Completion, Connect, DirectPath, Driver, DriverContext, DriverEp, DriverError,
     DriverMemKey, DriverRkey, Fails, KeyPart, LaneMask, MAX_LANES, MemDesc, Op, OpKind, PeerLimits,
     Posted, Prepare, Prepared, Quiesce, Quiesced, Registered, Sleep, Token, Unpacked,
 };
-use crate::memory::MemKind;
 use ringfence_ring::Status;
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::BorrowedFd;
@@ -992,7 +992,7 @@ impl<D: Driver> Driver for FaultInjector<D> {
         };
         self.inject(strays);
         self.lose_lanes(lost_lanes);
-        let mut n = crate::driver::drain_completions(&mut self.ready, out);
+        let mut n = ringfence::drain_completions(&mut self.ready, out);
         n += self.inner.poll(&mut out[n..]);
         let eps = self.held.len();
         let start = if timing == Timing::Reordered {
@@ -1133,7 +1133,7 @@ impl<D: Driver> DirectPath for FaultInjector<D> {
         let mut next = ops.iter();
         let go = |d: &Self| next.next().is_some_and(|op| d.posts_inline(ep, op));
         // SAFETY: the caller vouches for `ops` as `execute` requires.
-        unsafe { crate::driver::execute_by_post(self, ep, ops, results, go) }
+        unsafe { ringfence::execute_by_post(self, ep, ops, results, go) }
     }
 
     fn prefetch(&mut self, ep: DriverEp, rkey: DriverRkey, addr: u64, write: bool) {

@@ -1,6 +1,7 @@
-//! Setups the engine's tests share (with the `testkit` feature).
+//! Setups the engine's and the drivers' tests share: a loopback target
+//! connected from an initiator, and a submit-progress-reap loop.
 
-use crate::{EndpointId, Loopback, QueuePair, RegisteredBuf, RkeyId, Worker};
+use ringfence::{EndpointId, Loopback, QueuePair, RegisteredBuf, RkeyId, Worker};
 use ringfence_ring::{Cqe, Sqe};
 use std::time::{Duration, Instant};
 
@@ -100,9 +101,9 @@ impl LoopbackTarget {
     /// it with `connect` and unpacks the window's key on that endpoint.
     fn offer(
         initiator: &Worker,
-        mut builder: crate::WorkerBuilder,
+        mut builder: ringfence::WorkerBuilder,
         window: usize,
-        connect: impl FnOnce(&[u8]) -> Result<EndpointId, crate::Error>,
+        connect: impl FnOnce(&[u8]) -> Result<EndpointId, ringfence::Error>,
     ) -> LoopbackTarget {
         let worker = builder
             .ignore_env()

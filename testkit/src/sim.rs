@@ -3,8 +3,8 @@
 //! whole asynchronous seam without hardware (feature `testkit`).
 //!
 //! It wraps a synchronous driver (normally
-//! [`Loopback`](crate::Loopback) in
-//! [`CompletionMode::Immediate`](crate::CompletionMode::Immediate), which
+//! [`Loopback`](ringfence::Loopback) in
+//! [`CompletionMode::Immediate`](ringfence::CompletionMode::Immediate), which
 //! executes an operation against the target's memory inside its `post`)
 //! and defers everything that driver does:
 //!
@@ -81,7 +81,7 @@
 //! packed remote key tags each part the same way; a peer connects through
 //! its driver of the same name. By default a `SimDriver` takes its inner
 //! driver's name, so an initiator over `SimDriver<Loopback>` connects to a
-//! target built with a plain [`Loopback`](crate::Loopback) (named
+//! target built with a plain [`Loopback`](ringfence::Loopback) (named
 //! `"loopback"`) and unpacks that target's keys. [`SimDriver::named`]
 //! gives it a name of its own, for a worker that has the simulated driver
 //! and its inner kind side by side (the peer then needs a driver of that
@@ -94,16 +94,16 @@
 //! execution log. The driver allocates on its data path (its queues and
 //! logs grow): it is a test kit, not a transport.
 
-use crate::DriverMemory;
-use crate::driver::{
+use crate::fault::Executed;
+use nix::sys::time::TimeSpec;
+use nix::sys::timerfd::{self, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags};
+use ringfence::DriverMemory;
+use ringfence::{
     Capabilities, Completion, Connect, DirectPath, Driver, DriverContext, DriverEp, DriverError,
     DriverMemKey, DriverRkey, KeyPart, LaneMask, MemDesc, Op, PeerLimits, Posted, Prepare,
     Prepared, Quiesce, Quiesced, Registered, Sleep, Token, Unpacked,
 };
-use crate::fault::Executed;
-use crate::memory::{MemKind, MemKinds};
-use nix::sys::time::TimeSpec;
-use nix::sys::timerfd::{self, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags};
+use ringfence::{MemKind, MemKinds};
 use ringfence_ring::Status;
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -1405,7 +1405,7 @@ impl<D: Driver> Driver for SimDriver<D> {
         }
         let now = now_ns();
         self.retry_at = None;
-        let mut n = crate::driver::drain_completions(&mut self.ready, out);
+        let mut n = ringfence::drain_completions(&mut self.ready, out);
         n += self.inner.poll(&mut out[n..]);
         self.run_handshakes(now, out, &mut n);
         self.run_lanes(now, out, &mut n);
