@@ -48,7 +48,7 @@ const WRAPPERS: &[(&str, &str, &str)] = &[
     ),
     (
         "SimDriver",
-        include_str!("../../testkit/src/sim.rs"),
+        include_str!("../../testkit/src/sim/seam.rs"),
         "impl<D: Driver> Driver for SimDriver<D> {",
     ),
 ];
