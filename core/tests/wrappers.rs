@@ -43,7 +43,7 @@ const TRAIT: &str = include_str!("../src/driver/mod.rs");
 const WRAPPERS: &[(&str, &str, &str)] = &[
     (
         "FaultInjector",
-        include_str!("../../testkit/src/fault.rs"),
+        include_str!("../../testkit/src/fault/seam.rs"),
         "impl<D: Driver> Driver for FaultInjector<D> {",
     ),
     (

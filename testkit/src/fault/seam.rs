@@ -1,0 +1,382 @@
+//! The [`Driver`] and [`DirectPath`] methods of [`FaultInjector`]: each
+//! forwards to the inner driver through the program.
+
+use ringfence::DriverMemory;
+use ringfence::MemKind;
+use ringfence::{
+    Capabilities, Completion, Connect, DirectPath, Driver, DriverContext, DriverEp, DriverError,
+    DriverMemKey, DriverRkey, KeyPart, LaneMask, MemDesc, Op, PeerLimits, Posted, Prepare,
+    Prepared, Quiesce, Quiesced, Registered, Sleep, Token, Unpacked,
+};
+use ringfence_ring::Status;
+use std::collections::VecDeque;
+use std::os::fd::BorrowedFd;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::*;
+
+impl<D: Driver> Driver for FaultInjector<D> {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let mut caps = self.inner.capabilities();
+        caps.ordered_lanes = caps.ordered_lanes && self.program().unordered == 0;
+        caps
+    }
+
+    fn attach(&mut self, ctx: DriverContext) {
+        self.inner.attach(ctx);
+    }
+
+    fn address(&self) -> Vec<u8> {
+        self.inner.address()
+    }
+
+    fn connect(&mut self, peer: &[u8], lanes: u8, token: Token) -> Result<Connect, DriverError> {
+        let connect = self.inner.connect(peer, lanes, token)?;
+        let (Connect::Done(ep) | Connect::InFlight(ep)) = connect;
+        let index = ep.0 as usize;
+        if self.held.len() <= index {
+            self.held.resize_with(index + 1, Vec::new);
+        }
+        self.held[index] = (0..lanes).map(|_| VecDeque::with_capacity(1024)).collect();
+        Ok(connect)
+    }
+
+    fn disconnect(&mut self, ep: DriverEp) {
+        self.dead.retain(|&d| d != ep.0);
+        if let Some(lanes) = self.held.get_mut(ep.0 as usize) {
+            for queue in lanes.iter_mut() {
+                self.ready.extend(
+                    queue
+                        .drain(..)
+                        .map(|h| Completion::new(h.token, Err(Status::Canceled))),
+                );
+            }
+        }
+        let (gone, kept): (Vec<_>, Vec<_>) = self.flushes.drain(..).partition(|f| f.ep == ep);
+        self.flushes = kept.into();
+        self.ready.extend(
+            gone.into_iter()
+                .map(|f| Completion::new(f.token, Err(Status::Canceled))),
+        );
+        self.recount_held();
+        self.inner.disconnect(ep);
+    }
+
+    fn register(&mut self, mem: &MemDesc, prepared: Prepared) -> Result<Registered, DriverError> {
+        self.inner.register(mem, prepared)
+    }
+
+    fn deregister(&mut self, key: DriverMemKey) {
+        self.inner.deregister(key);
+    }
+
+    fn pack_rkey(&self, key: DriverMemKey) -> Result<Vec<u8>, DriverError> {
+        self.inner.pack_rkey(key)
+    }
+
+    fn unpack_rkey(
+        &mut self,
+        ep: DriverEp,
+        part: &KeyPart<'_>,
+        prepared: Prepared,
+    ) -> Result<Unpacked, DriverError> {
+        self.inner.unpack_rkey(ep, part, prepared)
+    }
+
+    fn prepare(&self) -> Option<Arc<dyn Prepare>> {
+        self.inner.prepare()
+    }
+
+    fn release_rkey(&mut self, ep: DriverEp, rkey: DriverRkey) {
+        self.inner.release_rkey(ep, rkey);
+    }
+
+    unsafe fn post(&mut self, ep: DriverEp, op: &Op, token: Token) -> Posted {
+        if self.lost_to_dead(ep, token) {
+            return Posted::InFlight;
+        }
+        let (timing, fail, kill, generation) = {
+            let mut p = self.program();
+            if p.no_resource > 0 {
+                p.no_resource -= 1;
+                return Posted::NoResource;
+            }
+            let n = self.posts;
+            let (fail, kill) = match p.kills.iter().position(|k| k.0 == n) {
+                Some(i) => {
+                    let (_, status, cause) = p.kills.remove(i);
+                    (Some(status), Some(cause))
+                }
+                None => (p.take_post_failure(n, op.lane), None),
+            };
+            (
+                p.lane_timing(op.lane),
+                fail,
+                kill,
+                p.generation(ep, op.lane),
+            )
+        };
+        self.posts += 1;
+        if timing == Timing::Synchronous && kill.is_none() && self.lane_idle(ep, op.lane) {
+            if let Some(status) = fail {
+                return Posted::Done(Err(status));
+            }
+            // SAFETY: forwarded from our own `post`, under its caller's
+            // guarantee.
+            let posted = unsafe { self.inner.post(ep, op, token) };
+            if matches!(posted, Posted::Done(Ok(_))) {
+                self.log(ep, op);
+            }
+            return posted;
+        }
+        let release_at = self.polls + self.delay(timing);
+        let due = due(timing);
+        let Some(queue) = self
+            .held
+            .get_mut(ep.0 as usize)
+            .and_then(|l| l.get_mut(op.lane as usize))
+        else {
+            return Posted::Done(Err(Status::InvalidArgument));
+        };
+        self.seq += 1;
+        queue.push_back(Held {
+            op: *op,
+            token,
+            seq: self.seq,
+            release_at,
+            due,
+            fail,
+            kill,
+            generation,
+        });
+        self.held_posts += 1;
+        self.count_held();
+        Posted::InFlight
+    }
+
+    fn flush(&mut self, ep: DriverEp, lanes: LaneMask, token: Token) -> Posted {
+        if self.lost_to_dead(ep, token) {
+            return Posted::InFlight;
+        }
+        let (timing, fail, kill, blocked) = {
+            let mut p = self.program();
+            p.flush_log.push((ep, lanes));
+            let n = self.flush_count;
+            let (fail, kill) = match p.flush_kills.iter().position(|k| k.0 == n) {
+                Some(i) => {
+                    let (_, status, cause) = p.flush_kills.remove(i);
+                    (Some(status), Some(cause))
+                }
+                None => (take_failure(&mut p.fail_flushes, |k| k == n), None),
+            };
+            (p.timing, fail, kill, p.flushes_blocked)
+        };
+        self.flush_count += 1;
+        if timing == Timing::Synchronous
+            && kill.is_none()
+            && !blocked
+            && self.flush_clear(ep, lanes, self.seq)
+        {
+            // Everything posted on these lanes has executed.
+            let posted = match fail {
+                Some(status) => Posted::Done(Err(status)),
+                None => self.inner.flush(ep, lanes, token),
+            };
+            if let Posted::Done(result) = posted {
+                self.flush_completed(Completion::new(token, result));
+            }
+            return posted;
+        }
+        let release_at = self.polls + self.delay(timing);
+        self.flushes.push_back(HeldFlush {
+            ep,
+            lanes,
+            token,
+            seq: self.seq,
+            release_at,
+            due: due(timing),
+            fail,
+            kill,
+        });
+        self.count_held();
+        Posted::InFlight
+    }
+
+    fn poll(&mut self, out: &mut [Completion]) -> usize {
+        self.polls += 1;
+        self.now = Instant::now();
+        // One lock of the program per poll.
+        let (timing, unordered, flushes_blocked, strays, lost_lanes) = {
+            let mut p = self.program();
+            let strays = if p.strays.is_empty() {
+                Vec::new()
+            } else {
+                std::mem::take(&mut p.strays)
+            };
+            let lost = std::mem::take(&mut p.lost_lanes);
+            let lost_flushes = std::mem::take(&mut p.lost_flushes);
+            (
+                p.timing,
+                p.unordered,
+                p.flushes_blocked,
+                strays,
+                (lost, lost_flushes),
+            )
+        };
+        self.inject(strays);
+        self.lose_lanes(lost_lanes);
+        let mut n = ringfence::drain_completions(&mut self.ready, out);
+        n += self.inner.poll(&mut out[n..]);
+        let eps = self.held.len();
+        let start = if timing == Timing::Reordered {
+            self.next_random() as usize
+        } else {
+            0
+        };
+        for k in 0..eps {
+            let ep = (k + start) % eps.max(1);
+            let lanes = self.held[ep].len();
+            let lane_start = if timing == Timing::Reordered {
+                self.next_random() as usize
+            } else {
+                0
+            };
+            for j in 0..lanes {
+                let lane = (j + lane_start) % lanes;
+                self.release_lane(ep, lane, unordered & (1 << lane) != 0, out, &mut n);
+            }
+        }
+        if !flushes_blocked {
+            self.release_flushes(out, &mut n);
+        }
+        if !self.dead.is_empty() {
+            self.lose_dead();
+        }
+        self.count_held();
+        n
+    }
+
+    fn commit(&mut self) {
+        self.inner.commit();
+    }
+
+    fn check_alive(&mut self, ep: DriverEp) -> Result<(), Status> {
+        self.inner.check_alive(ep)
+    }
+
+    /// None, whatever the inner driver has: the injector holds operations
+    /// and releases them only inside `poll`, where nothing makes a
+    /// descriptor readable, so the core thread must keep polling while
+    /// anything is in flight here (the inner driver's descriptor would let
+    /// it sleep on held operations).
+    fn wake_fds(&self) -> Vec<BorrowedFd<'_>> {
+        Vec::new()
+    }
+
+    /// [`Sleep::WhenIdle`] (see `wake_fds`), or the inner driver's
+    /// [`Sleep::NotNow`].
+    fn prepare_sleep(&mut self) -> Sleep {
+        match self.inner.prepare_sleep() {
+            Sleep::NotNow => Sleep::NotNow,
+            _ => Sleep::WhenIdle,
+        }
+    }
+
+    fn woke(&mut self) {
+        self.inner.woke();
+    }
+
+    fn quiesce(&mut self, scope: Quiesce) -> Quiesced {
+        // What this wrapper still holds never reaches the inner driver
+        // once its memory is quiesced: it completes canceled, unexecuted.
+        let covered = |h: &Held| match scope {
+            Quiesce::All => true,
+            Quiesce::Memory(key) => h.op.local_key == Some(key),
+        };
+        for lanes in &mut self.held {
+            for queue in lanes.iter_mut() {
+                queue.retain(|h| {
+                    if covered(h) {
+                        self.ready
+                            .push_back(Completion::new(h.token, Err(Status::Canceled)));
+                    }
+                    !covered(h)
+                });
+            }
+        }
+        if scope == Quiesce::All {
+            self.ready.extend(
+                self.flushes
+                    .drain(..)
+                    .map(|f| Completion::new(f.token, Err(Status::Canceled))),
+            );
+        }
+        self.recount_held();
+        // Whatever the inner driver answers: this wrapper holds nothing
+        // covered any more.
+        self.inner.quiesce(scope)
+    }
+
+    fn direct(&mut self) -> Option<&mut dyn DirectPath> {
+        // Runs go through this wrapper's `post`, where the faults are, and
+        // only when the inner driver finishes operations inside the call.
+        if self.inner.direct().is_some() {
+            Some(self)
+        } else {
+            None
+        }
+    }
+
+    fn alloc_memory(
+        &mut self,
+        len: usize,
+        kind: MemKind,
+    ) -> Option<Result<Arc<dyn DriverMemory>, DriverError>> {
+        self.inner.alloc_memory(len, kind)
+    }
+
+    fn lane_ordered(&self, ep: DriverEp, lane: u8) -> bool {
+        self.program().unordered & (1 << lane) == 0 && self.inner.lane_ordered(ep, lane)
+    }
+
+    fn lane_generation(&self, ep: DriverEp, lane: u8) -> u32 {
+        self.program().generation(ep, lane)
+    }
+
+    fn peer_limits(&self, ep: DriverEp) -> Option<PeerLimits> {
+        self.inner.peer_limits(ep)
+    }
+}
+
+impl<D: Driver> DirectPath for FaultInjector<D> {
+    /// Runs `ops` one by one through `post` (so injected failures and
+    /// NO_RESOURCE apply to each), and only while `post` would finish the
+    /// next one inside the call (its lane's timing is synchronous and its
+    /// lane holds nothing): an operation `post` would hold is left to the
+    /// engine, which posts it itself. The inner driver finishes what it
+    /// takes inside the call (it offers the direct path, or this driver
+    /// would not offer it).
+    unsafe fn execute(
+        &mut self,
+        ep: DriverEp,
+        ops: &[Op],
+        results: &mut [Result<u32, Status>],
+    ) -> usize {
+        // `execute_by_post` asks before each operation, in order.
+        let mut next = ops.iter();
+        let go = |d: &Self| next.next().is_some_and(|op| d.posts_inline(ep, op));
+        // SAFETY: the caller vouches for `ops` as `execute` requires.
+        unsafe { ringfence::execute_by_post(self, ep, ops, results, go) }
+    }
+
+    fn prefetch(&mut self, ep: DriverEp, rkey: DriverRkey, addr: u64, write: bool) {
+        if let Some(inner) = self.inner.direct() {
+            inner.prefetch(ep, rkey, addr, write);
+        }
+    }
+}
