@@ -16,7 +16,7 @@ use std::collections::VecDeque;
 
 /// What a request waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Wants {
+pub(crate) enum Awaits {
     /// An ACK (PUT, NOTIFY) for `len` bytes.
     Ack { len: u32 },
     /// GET data into `[dst, dst + len)`; `got` bytes so far.
@@ -29,7 +29,7 @@ pub(crate) enum Wants {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Pending {
     pub(crate) token: Token,
-    pub(crate) wants: Wants,
+    pub(crate) awaits: Awaits,
     /// Its outcome once answered.
     pub(crate) result: Option<Result<u32, Status>>,
 }
@@ -113,14 +113,14 @@ impl Lane {
     }
 
     /// Records a sent request; returns its sequence number.
-    pub(crate) fn push(&mut self, token: Token, wants: Wants) -> u64 {
+    pub(crate) fn push(&mut self, token: Token, awaits: Awaits) -> u64 {
         let seq = self.next_seq();
-        if matches!(wants, Wants::Data { .. }) {
+        if matches!(awaits, Awaits::Data { .. }) {
             self.last_get = Some(seq);
         }
         self.pending.push_back(Pending {
             token,
-            wants,
+            awaits,
             result: None,
         });
         seq
@@ -221,7 +221,7 @@ impl Handler for Answers<'_> {
                     for _ in first..=h.seq {
                         let i = self.lane.answered;
                         let p = &mut self.lane.pending[i];
-                        let Wants::Ack { len } = p.wants else {
+                        let Awaits::Ack { len } = p.awaits else {
                             return Err(protocol("an ACK for a GET or an atomic"));
                         };
                         p.result = Some(Ok(len));
@@ -233,7 +233,7 @@ impl Handler for Answers<'_> {
             }
             Opcode::GetData => {
                 let p = self.lane.next_unanswered(h.seq)?;
-                let Wants::Data { len, got, .. } = p.wants else {
+                let Awaits::Data { len, got, .. } = p.awaits else {
                     return Err(protocol("data for a PUT or an atomic"));
                 };
                 if let Err(status) = h.result() {
@@ -252,7 +252,7 @@ impl Handler for Answers<'_> {
             }
             Opcode::AtomicData => {
                 let p = self.lane.next_unanswered(h.seq)?;
-                let Wants::Fetch { dst } = p.wants else {
+                let Awaits::Fetch { dst } = p.awaits else {
                     return Err(protocol("an atomic result for a PUT or a GET"));
                 };
                 p.result = Some(match h.result() {
@@ -282,7 +282,7 @@ impl Handler for Answers<'_> {
         let Some(p) = self.lane.pending.get_mut(i) else {
             return Err(protocol("GET data for nothing"));
         };
-        let Wants::Data { dst, got, .. } = p.wants else {
+        let Awaits::Data { dst, got, .. } = p.awaits else {
             return Err(protocol("data for a PUT or an atomic"));
         };
         let _ = h;
@@ -308,11 +308,11 @@ impl Handler for Answers<'_> {
         let Some(p) = self.lane.pending.get_mut(i) else {
             return Err(protocol("GET data for nothing"));
         };
-        let Wants::Data { dst, len, got } = p.wants else {
+        let Awaits::Data { dst, len, got } = p.awaits else {
             return Err(protocol("data for a PUT or an atomic"));
         };
         let got = got + h.len;
-        p.wants = Wants::Data { dst, len, got };
+        p.awaits = Awaits::Data { dst, len, got };
         if h.arg == LAST {
             if got != len {
                 return Err(protocol("fewer GET bytes than asked for"));

@@ -17,17 +17,17 @@ use ringfence_ring::{AtomicOp, Status};
 
 /// A local registration as the target checks it.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Reg {
+pub(crate) struct Window {
     pub(crate) base: u64,
     pub(crate) len: u64,
     pub(crate) secret: u64,
 }
 
 /// Registrations by id (the index).
-pub(crate) type Regs = [Option<Reg>];
+pub(crate) type Windows = [Option<Window>];
 
 /// Checks `[addr, addr + len)` of registration `key` with `secret`.
-fn check(regs: &Regs, h: &Header) -> Result<(), Status> {
+fn check(regs: &Windows, h: &Header) -> Result<(), Status> {
     let reg = regs
         .get(h.key as usize)
         .and_then(Option::as_ref)
@@ -66,7 +66,7 @@ enum Sink {
 
 /// One accepted connection's serving state.
 #[derive(Debug)]
-pub(crate) struct Serve {
+pub(crate) struct TargetSide {
     /// The HELLO arrived and was accepted (its HELLO_ACK queued or held).
     pub(crate) greeted: bool,
     /// The peer's instance, from its HELLO.
@@ -75,7 +75,7 @@ pub(crate) struct Serve {
     pub(crate) ended: bool,
     /// The HELLO_ACK of a HELLO that made this connection carry requests
     /// both ways, held until the room kept for answers is free in the
-    /// filling batch ([`Serve::release_hello_ack`]): the peer sends no
+    /// filling batch ([`TargetSide::release_hello_ack`]): the peer sends no
     /// request before it, so every answer to its requests finds room.
     held_hello_ack: Option<Header>,
     sink: Sink,
@@ -96,11 +96,11 @@ pub(crate) struct Serve {
     assembly: Box<[u8]>,
 }
 
-impl Serve {
+impl TargetSide {
     /// Serving state for a new connection; notifications of up to
     /// `notify_size` bytes.
-    pub(crate) fn new(notify_size: usize) -> Serve {
-        Serve {
+    pub(crate) fn new(notify_size: usize) -> TargetSide {
+        TargetSide {
             greeted: false,
             peer_instance: 0,
             ended: false,
@@ -113,7 +113,7 @@ impl Serve {
     }
 }
 
-impl Serve {
+impl TargetSide {
     /// Whether the peer sends requests on this connection (it greeted and
     /// has not said BYE).
     pub(crate) fn serving(&self) -> bool {
@@ -153,9 +153,9 @@ const GET_PIECE: u32 = 256 << 10;
 
 /// The requests of one connection, handed to the stream reader.
 pub(crate) struct Requests<'a> {
-    pub(crate) serve: &'a mut Serve,
+    pub(crate) serve: &'a mut TargetSide,
     pub(crate) send: &'a mut SendQueue,
-    pub(crate) regs: &'a Regs,
+    pub(crate) regs: &'a Windows,
     pub(crate) notify: Option<&'a NotifyPool>,
     /// This worker's instance (HELLO must name it).
     pub(crate) instance: u64,
@@ -166,11 +166,11 @@ pub(crate) struct Requests<'a> {
     pub(crate) duplex: bool,
     /// A lane of ours sends on this connection: a HELLO makes it carry
     /// requests both ways, and its HELLO_ACK is held
-    /// ([`Serve::release_hello_ack`]).
+    /// ([`TargetSide::release_hello_ack`]).
     pub(crate) hold_hello_ack: bool,
 }
 
-impl Serve {
+impl TargetSide {
     /// A successful PUT or NOTIFY waits for its (cumulative) ACK.
     pub(crate) fn ack_pending(&self) -> bool {
         self.ack.is_some()
@@ -376,7 +376,7 @@ impl Handler for Requests<'_> {
             let ack = Header {
                 status,
                 operand: self.instance,
-                // What `notify` refuses beyond (`Serve::new`).
+                // What `notify` refuses beyond (`TargetSide::new`).
                 addr: self.serve.assembly.len() as u64,
                 ..Header::new(Opcode::HelloAck, h.lane)
             };
@@ -538,7 +538,7 @@ mod tests {
     /// `piece` bytes (the header split too), as receive buffers smaller
     /// than the frame would hand it over.
     fn feed(
-        serve: &mut Serve,
+        serve: &mut TargetSide,
         send: &mut SendQueue,
         pool: &NotifyPool,
         frame: &[u8],
@@ -567,7 +567,7 @@ mod tests {
     #[test]
     fn notifications_in_pieces_are_assembled_in_storage_that_never_grows() {
         let pool = NotifyPool::new(1000, 4096).unwrap();
-        let mut serve = Serve::new(pool.buffer_size() as usize);
+        let mut serve = TargetSide::new(pool.buffer_size() as usize);
         serve.greeted = true;
         let mut send = SendQueue::new(64 << 10, 64);
         let storage = (serve.assembly.as_ptr(), serve.assembly.len());
@@ -592,7 +592,7 @@ mod tests {
     #[test]
     fn a_notification_longer_than_the_storage_is_refused_not_grown() {
         let pool = NotifyPool::new(4, 4096).unwrap();
-        let mut serve = Serve::new(1000);
+        let mut serve = TargetSide::new(1000);
         serve.greeted = true;
         let mut send = SendQueue::new(64 << 10, 64);
         let storage = (serve.assembly.as_ptr(), serve.assembly.len());

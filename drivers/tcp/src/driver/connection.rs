@@ -6,7 +6,7 @@ use crate::MAX_LEN;
 use crate::lane::Lane;
 use crate::send::SendQueue;
 use crate::stream::Reader;
-use crate::target::Serve;
+use crate::target::TargetSide;
 use crate::uring::{self, Tag};
 use crate::wire::{Address, HEADER_LEN, Header, Opcode};
 use io_uring::{opcode, types};
@@ -40,7 +40,7 @@ impl Tcp {
     pub(super) fn add_conn(
         &mut self,
         fd: OwnedFd,
-        ours: Option<(u32, u8)>,
+        our_lane: Option<(u32, u8)>,
         peer: SockaddrStorage,
     ) -> u32 {
         let notify_size = self.notify.as_ref().map_or(0, |p| p.buffer_size() as usize);
@@ -59,26 +59,26 @@ impl Tcp {
             fixed,
             fd,
             generation,
-            ours,
-            had_ours: ours.is_some(),
-            accepted: ours.is_none(),
+            our_lane,
+            served_our_lane: our_lane.is_some(),
+            accepted: our_lane.is_none(),
             duplex: false,
-            by_ref: false,
+            gets_from_window: false,
             peer_ip: None,
             reader: Reader::new(MAX_LEN),
             send: SendQueue::new(self.config.send_buffer, 1024),
             peer,
-            flying: 0,
-            connected: ours.is_none(),
+            in_flight: 0,
+            connected: our_lane.is_none(),
             recv_armed: false,
             spinning: false,
             spin: 0,
-            listed: false,
+            on_send_list: false,
             closing: false,
             backlog: VecDeque::with_capacity(usize::from(self.uring.buffer_count())),
-            serve: Serve::new(notify_size),
+            serve: TargetSide::new(notify_size),
             direct: Direct::Off,
-            placed: 0,
+            direct_unread: 0,
             ack: AckHold::None,
         }));
         slot
@@ -104,14 +104,14 @@ impl Tcp {
         }
         conn.closing = true;
         conn.send.discard();
-        let ours = conn.ours.take();
+        let our_lane = conn.our_lane.take();
         // A lane of ours on a connection we accepted adopted it.
         let adopted = conn.accepted;
         let generation = conn.generation;
         let fd = conn.fd.as_raw_fd();
         // Ends a receive and a send in progress at once.
         let _ = socket::shutdown(fd, socket::Shutdown::Both);
-        if conn.flying > 0 {
+        if conn.in_flight > 0 {
             let entry = opcode::AsyncCancel2::new(types::CancelBuilder::fd(types::Fd(fd)).all())
                 .build()
                 .user_data(uring::user_data(Tag::Cancel, slot, generation));
@@ -119,7 +119,7 @@ impl Tcp {
             let _ = unsafe { self.uring.push(&entry) };
         }
         self.recycle_backlog(slot);
-        if let Some((ep, lane)) = ours {
+        if let Some((ep, lane)) = our_lane {
             if !(adopted && self.reopen_lane(ep, lane)) {
                 self.fail_ep(ep, status);
             }
@@ -193,9 +193,9 @@ impl Tcp {
         .build())
         .user_data(uring::user_data(Tag::Connect, slot, conn.generation));
         // SAFETY: the address lives in the boxed connection, which is
-        // freed only after this request completes (`flying`).
+        // freed only after this request completes (`in_flight`).
         if unsafe { self.uring.push(&entry) }.is_ok() {
-            conn.flying += 1;
+            conn.in_flight += 1;
         }
         Ok(slot)
     }
@@ -207,7 +207,7 @@ impl Tcp {
     pub(super) fn adoptable(&self, peer: &Address) -> Option<u32> {
         let fits = |c: &Conn| {
             c.accepted
-                && !c.had_ours
+                && !c.served_our_lane
                 && !c.closing
                 && c.serve.serving()
                 && c.serve.peer_instance == peer.instance
@@ -252,10 +252,10 @@ impl Tcp {
         let Some(conn) = live(&mut self.conns, slot) else {
             return;
         };
-        if conn.closing || conn.ours.is_none() {
+        if conn.closing || conn.our_lane.is_none() {
             return;
         }
-        conn.ours = None;
+        conn.our_lane = None;
         let bye = Header::new(Opcode::Bye, 0).encode();
         if conn.serve.serving() && conn.send.push_copy(&[&bye]) {
             Self::want_send(&mut self.to_send, slot, conn);
@@ -275,7 +275,7 @@ impl Tcp {
         if conn.closing {
             return;
         }
-        match conn.ours {
+        match conn.our_lane {
             Some((e, lane)) if conn.serve.greeted && !conn.duplex => {
                 conn.duplex = true;
                 conn.send.reserve_answers(ANSWER_ROOM, HEADER_LEN);
@@ -288,7 +288,7 @@ impl Tcp {
                 }
                 tracing::debug!(slot, "tcp: connection carries requests both ways");
             }
-            None if conn.serve.ended || (conn.had_ours && !conn.serve.serving()) => {
+            None if conn.serve.ended || (conn.served_our_lane && !conn.serve.serving()) => {
                 // Neither side sends requests on it any more.
                 self.close_conn(slot, Status::Canceled);
                 return;
@@ -316,7 +316,7 @@ impl Tcp {
             .conns
             .get(slot as usize)
             .and_then(|c| c.as_deref())
-            .is_some_and(|c| c.closing && c.flying == 0);
+            .is_some_and(|c| c.closing && c.in_flight == 0);
         if free {
             if let Some(conn) = self.conns[slot as usize].take() {
                 if let Some(index) = conn.fixed {
@@ -346,8 +346,8 @@ impl Tcp {
         for lane in &mut ep.lanes {
             lane.fail_all(status);
         }
-        if !ep.listed {
-            ep.listed = true;
+        if !ep.on_send_list {
+            ep.on_send_list = true;
             self.answered.push(e);
         }
         // The failing connection is closing already; the others close, or
@@ -386,8 +386,8 @@ impl Tcp {
         for lane in 0..lanes {
             if let Some(slot) = self.adoptable(&address) {
                 let conn = self.conns[slot as usize].as_deref_mut().expect("adoptable");
-                conn.ours = Some((e, lane));
-                conn.had_ours = true;
+                conn.our_lane = Some((e, lane));
+                conn.served_our_lane = true;
                 self.queue_hello(slot, e, lane, lanes, address.instance);
                 slots.push(slot);
                 continue;
@@ -411,7 +411,7 @@ impl Tcp {
             state: EpState::Connecting(token),
             lanes: slots.iter().map(|&s| Lane::new(s, depth)).collect(),
             flushes: (0..MAX_FLUSHES).map(|_| None).collect(),
-            listed: false,
+            on_send_list: false,
             released: false,
         });
         for &slot in &slots {
@@ -429,12 +429,12 @@ impl Tcp {
             return;
         };
         endpoint.released = true;
-        let listed = endpoint.listed;
+        let on_send_list = endpoint.on_send_list;
         if !matches!(endpoint.state, EpState::Failed(_)) {
             self.fail_ep(ep.0, Status::Canceled);
-        } else if !listed {
+        } else if !on_send_list {
             if let Some(endpoint) = self.ep_mut(ep) {
-                endpoint.listed = true;
+                endpoint.on_send_list = true;
             }
             self.answered.push(ep.0);
         }

@@ -111,7 +111,7 @@ impl Tcp {
         let Some(conn) = self.conn_mut(slot, generation) else {
             return;
         };
-        conn.flying -= 1;
+        conn.in_flight -= 1;
         if conn.closing {
             self.maybe_free(slot);
             return;
@@ -129,7 +129,7 @@ impl Tcp {
         let Some(conn) = conn_at(&mut self.conns, slot, generation) else {
             return;
         };
-        conn.flying -= 1;
+        conn.in_flight -= 1;
         if conn.closing {
             self.maybe_free(slot);
             return;
@@ -145,7 +145,7 @@ impl Tcp {
                 let entry = Self::send_entry(conn, slot, msg);
                 // SAFETY: as in `commit`.
                 if unsafe { self.uring.push(&entry) }.is_ok() {
-                    conn.flying += 1;
+                    conn.in_flight += 1;
                 }
                 return;
             }
@@ -179,7 +179,7 @@ impl Tcp {
         let more = cqueue::more(flags);
         if !more {
             conn.recv_armed = false;
-            conn.flying -= 1;
+            conn.in_flight -= 1;
         }
         if conn.closing {
             self.uring.recycle(bid);
@@ -287,7 +287,7 @@ impl Tcp {
         // stays until this receive completes: `quiesce` of a deregistered
         // window answers `Pending` until it has (or `Leak`).
         if unsafe { self.uring.push(&entry) }.is_ok() {
-            conn.flying += 1;
+            conn.in_flight += 1;
             conn.direct = Direct::Receiving { key: h.key };
         } else {
             conn.direct = Direct::Off;
@@ -299,7 +299,7 @@ impl Tcp {
         let Some(conn) = conn_at(&mut self.conns, slot, generation) else {
             return;
         };
-        conn.flying -= 1;
+        conn.in_flight -= 1;
         if conn.closing {
             self.maybe_free(slot);
             return;
@@ -314,7 +314,7 @@ impl Tcp {
             self.close_conn(slot, status);
             return;
         }
-        conn.placed = res as u32;
+        conn.direct_unread = res as u32;
         // Moves the reader past the placed bytes (answering the PUT if they
         // were its last), then takes whatever else is queued.
         self.drain(slot);
@@ -352,14 +352,14 @@ impl Tcp {
         let mut refused = None;
         let mut progressed = false;
         // Our lane's answers, if a lane of ours sends on this connection.
-        let ours = conn.ours.and_then(|(e, lane)| {
+        let our_lane = conn.our_lane.and_then(|(e, lane)| {
             let endpoint = eps.get_mut(e as usize)?.as_mut()?;
             let instance = endpoint.peer.instance;
             Some((e, endpoint.lanes.get_mut(usize::from(lane))?, instance))
         });
-        let ours_ep = ours.as_ref().map(|&(e, _, _)| e);
-        if ours.as_ref().is_some_and(|(_, lane, _)| lane.up) {
-            conn.by_ref = true;
+        let ours_ep = our_lane.as_ref().map(|&(e, _, _)| e);
+        if our_lane.as_ref().is_some_and(|(_, lane, _)| lane.up) {
+            conn.gets_from_window = true;
         }
         let mut handler = Frames {
             requests: Requests {
@@ -368,20 +368,20 @@ impl Tcp {
                 regs,
                 notify: notify.as_deref(),
                 instance: address.instance,
-                duplex: conn.by_ref,
-                hold_hello_ack: conn.ours.is_some(),
+                duplex: conn.gets_from_window,
+                hold_hello_ack: conn.our_lane.is_some(),
             },
-            answers: ours.map(|(_, lane, instance)| Answers {
+            answers: our_lane.map(|(_, lane, instance)| Answers {
                 lane,
                 instance,
                 refused: &mut refused,
                 progressed: &mut progressed,
             }),
-            drop_answers: conn.had_ours,
+            drop_answers: conn.served_our_lane,
         };
-        let placed = std::mem::take(&mut conn.placed);
-        if placed > 0 {
-            if let Err(b) = conn.reader.advance(placed, &mut handler) {
+        let direct_unread = std::mem::take(&mut conn.direct_unread);
+        if direct_unread > 0 {
+            if let Err(b) = conn.reader.advance(direct_unread, &mut handler) {
                 broken = Some(b);
             }
         }
@@ -447,8 +447,11 @@ impl Tcp {
             let endpoint = eps.get_mut(e as usize).and_then(Option::as_mut);
             // A failed endpoint was listed when it failed.
             if let Some(endpoint) = endpoint {
-                if progressed && !endpoint.listed && !matches!(endpoint.state, EpState::Failed(_)) {
-                    endpoint.listed = true;
+                if progressed
+                    && !endpoint.on_send_list
+                    && !matches!(endpoint.state, EpState::Failed(_))
+                {
+                    endpoint.on_send_list = true;
                     answered.push(e);
                 }
             }
@@ -496,10 +499,10 @@ impl Tcp {
         };
         // SAFETY: the receive writes only into provided buffers, which live
         // as long as the ring; the descriptor stays open while the request
-        // is in flight (`flying`).
+        // is in flight (`in_flight`).
         if unsafe { self.uring.push(&entry) }.is_ok() {
             conn.recv_armed = true;
-            conn.flying += 1;
+            conn.in_flight += 1;
         }
     }
 
@@ -569,7 +572,7 @@ impl Tcp {
                 done &= lane.answered == 0;
             }
             if done {
-                ep.listed = false;
+                ep.on_send_list = false;
                 self.answered.swap_remove(i);
                 if ep.released && ep.lanes.iter().all(|l| l.pending.is_empty()) {
                     self.eps[e as usize] = None;

@@ -1,7 +1,7 @@
 //! Registered windows and remote keys: what a peer's PUT or GET may
 //! reach, and the keys unpacked for our endpoints.
 
-use crate::target::Reg;
+use crate::target::Window;
 use crate::wire::KeyBlob;
 use ringfence::{
     DriverEp, DriverError, DriverMemKey, DriverRkey, KeyPart, MemDesc, MemKind, Prepared,
@@ -23,7 +23,7 @@ impl Tcp {
         mem.addr
             .checked_add(mem.len)
             .ok_or_else(|| err(Status::InvalidArgument, "range wraps"))?;
-        let reg = Reg {
+        let reg = Window {
             base: mem.addr,
             len: mem.len,
             secret: mem.secret,
@@ -31,7 +31,7 @@ impl Tcp {
         // An id whose old window a connection may still reach is not
         // reused: its PUTs and GETs must not be taken for the new one's.
         let quiescing = &self.quiescing;
-        let free = |(id, r): (usize, &Option<Reg>)| {
+        let free = |(id, r): (usize, &Option<Window>)| {
             r.is_none() && !quiescing.iter().any(|q| q.key as usize == id)
         };
         let id = match self.regs.iter().enumerate().position(free) {

@@ -7,7 +7,7 @@
 use crate::lane::Lane;
 use crate::send::SendQueue;
 use crate::stream::Reader;
-use crate::target::{Reg, Serve};
+use crate::target::{TargetSide, Window};
 use crate::uring::Uring;
 use crate::wire::{Address, DUPLEX_DEPTH, HEADER_LEN};
 use crate::{Config, MAX_LEN};
@@ -98,17 +98,17 @@ const SPIN_ROUNDS: u16 = 64;
 /// flight.
 ///
 /// A connection carries our requests when it is a lane of one of our
-/// endpoints (`ours`), and the peer's requests once the peer greeted on it
+/// endpoints (`our_lane`), and the peer's requests once the peer greeted on it
 /// (`serve`); both at once when one side adopted the other's connection
 /// (see [`wire`](crate::wire), "Both ways on one connection").
 struct Conn {
     fd: OwnedFd,
     generation: u32,
     /// Lane `.1` of our endpoint `.0` sends its requests here.
-    ours: Option<(u32, u8)>,
+    our_lane: Option<(u32, u8)>,
     /// Some lane of ours used it: answers that still come after it let go
     /// are dropped, not a protocol error.
-    had_ours: bool,
+    served_our_lane: bool,
     /// The peer opened it (we accepted it).
     accepted: bool,
     /// The duplex rules are in force (both ways: answer room kept, the
@@ -120,7 +120,7 @@ struct Conn {
     /// once our HELLO is answered (the peer's requests before its HELLO_ACK
     /// may predate its knowing, a GET and a later PUT over its bytes among
     /// them); on our own, at once (the peer's first request is its HELLO).
-    by_ref: bool,
+    gets_from_window: bool,
     /// The peer's address, for an accepted connection (an adopted lane
     /// must lead to the address the endpoint names).
     peer_ip: Option<std::net::IpAddr>,
@@ -130,7 +130,7 @@ struct Conn {
     peer: SockaddrStorage,
     /// Requests in flight that name this connection (connect, send,
     /// multishot receive).
-    flying: u32,
+    in_flight: u32,
     /// Its index in the ring's fixed-file table, if it has one.
     fixed: Option<u32>,
     /// The TCP connection is established (a lane's connect completed).
@@ -145,16 +145,16 @@ struct Conn {
     /// receive comes back.
     spin: u16,
     /// On the send list.
-    listed: bool,
+    on_send_list: bool,
     closing: bool,
     /// Received buffers not yet (fully) taken by the reader: (buffer id,
     /// length, bytes taken).
     backlog: VecDeque<(u16, u32, u32)>,
-    serve: Serve,
+    serve: TargetSide,
     /// A large PUT's payload received straight into its window.
     direct: Direct,
     /// Bytes a direct receive placed that the reader has not moved past.
-    placed: u32,
+    direct_unread: u32,
     /// Where the pending cumulative ACK of an accepted connection is (see
     /// [`AckHold`]).
     ack: AckHold,
@@ -206,10 +206,10 @@ impl std::fmt::Debug for Conn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Conn")
             .field("fd", &self.fd)
-            .field("ours", &self.ours)
+            .field("our_lane", &self.our_lane)
             .field("accepted", &self.accepted)
             .field("duplex", &self.duplex)
-            .field("flying", &self.flying)
+            .field("in_flight", &self.in_flight)
             .field("closing", &self.closing)
             .finish_non_exhaustive()
     }
@@ -236,7 +236,7 @@ struct Ep {
     lanes: Vec<Lane>,
     flushes: Vec<Option<Flush>>,
     /// On the list of endpoints with answers to report.
-    listed: bool,
+    on_send_list: bool,
     /// `disconnect` was called: the slot goes once everything is reported.
     released: bool,
 }
@@ -280,7 +280,7 @@ pub struct Tcp {
     generations: Vec<u32>,
     free_conns: Vec<u32>,
     eps: Vec<Option<Ep>>,
-    regs: Vec<Option<Reg>>,
+    regs: Vec<Option<Window>>,
     rkeys: Vec<Rkey>,
     /// Completions produced outside `poll`'s answers: flushes, connects.
     ready: VecDeque<Completion>,

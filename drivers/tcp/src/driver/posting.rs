@@ -2,7 +2,7 @@
 //! the round's doorbell (`commit`: every connection's sends in one
 //! submission), and held acknowledgements.
 
-use crate::lane::Wants;
+use crate::lane::Awaits;
 use crate::wire::{HEADER_LEN, Header, Opcode};
 use ringfence::{DriverEp, LaneMask, Op, OpKind, Posted, Token, peer_mem};
 use ringfence_ring::{AtomicOp, Status};
@@ -12,8 +12,8 @@ use super::*;
 impl Tcp {
     /// Puts `slot` on the send list (sent at `commit`).
     pub(super) fn want_send(to_send: &mut Vec<u32>, slot: u32, conn: &mut Conn) {
-        if !conn.listed && conn.send.queued() > 0 {
-            conn.listed = true;
+        if !conn.on_send_list && conn.send.queued() > 0 {
+            conn.on_send_list = true;
             to_send.push(slot);
         }
     }
@@ -32,14 +32,14 @@ impl Tcp {
             conns
                 .get(slot as usize)
                 .and_then(|c| c.as_deref())
-                .is_some_and(|c| c.ours.is_none())
+                .is_some_and(|c| c.our_lane.is_none())
         });
         to_send.retain(|&slot| {
             let Some(conn) = live(conns, slot) else {
                 return false;
             };
             if conn.closing {
-                conn.listed = false;
+                conn.on_send_list = false;
                 return false;
             }
             // A lane's first bytes (its HELLO) wait for its connect.
@@ -54,10 +54,10 @@ impl Tcp {
                 // valid until the operation completes (the `post` contract),
                 // which is after this send completed.
                 if unsafe { uring.push(&entry) }.is_ok() {
-                    conn.flying += 1;
+                    conn.in_flight += 1;
                 }
             }
-            conn.listed = false;
+            conn.on_send_list = false;
             false
         });
     }
@@ -139,7 +139,7 @@ impl Tcp {
             h.secret = k.secret;
             h.addr = addr;
         }
-        let (queued, wants) = match op.kind {
+        let (queued, awaits) = match op.kind {
             OpKind::Put if op.len <= COPY_MAX => {
                 let src = op.local_addr;
                 let len = op.len as usize;
@@ -148,7 +148,7 @@ impl Tcp {
                     // `post` contract); `dst` is `len` bytes of staging.
                     unsafe { peer_mem::copy(src, dst as u64, len) }
                 });
-                (queued, Wants::Ack { len: op.len })
+                (queued, Awaits::Ack { len: op.len })
             }
             OpKind::Put => {
                 // SAFETY: the engine keeps the source registered until this
@@ -158,16 +158,16 @@ impl Tcp {
                     conn.send
                         .push_ref(&h.encode(), op.local_addr, op.len as usize)
                 };
-                (queued, Wants::Ack { len: op.len })
+                (queued, Awaits::Ack { len: op.len })
             }
             OpKind::Get => {
                 h.opcode = Opcode::Get;
-                let wants = Wants::Data {
+                let awaits = Awaits::Data {
                     dst: op.local_addr,
                     len: op.len,
                     got: 0,
                 };
-                (conn.send.push_copy(&[&h.encode()]), wants)
+                (conn.send.push_copy(&[&h.encode()]), awaits)
             }
             OpKind::Atomic(aop) => {
                 h.opcode = Opcode::Atomic;
@@ -178,7 +178,7 @@ impl Tcp {
                     h.operand2 = op.operand2;
                 }
                 let dst = aop.is_fetching().then_some(op.local_addr);
-                (conn.send.push_copy(&[&h.encode()]), Wants::Fetch { dst })
+                (conn.send.push_copy(&[&h.encode()]), Awaits::Fetch { dst })
             }
             OpKind::Notify => {
                 h = Header {
@@ -193,13 +193,13 @@ impl Tcp {
                     // SAFETY: as for a small PUT.
                     unsafe { peer_mem::copy(src, dst as u64, len) }
                 });
-                (queued, Wants::Ack { len: op.len })
+                (queued, Awaits::Ack { len: op.len })
             }
         };
         if !queued {
             return Posted::NoResource;
         }
-        lane.push(token, wants);
+        lane.push(token, awaits);
         let slot = lane.conn;
         Self::want_send(to_send, slot, conn);
         // Once per connection until the commit takes the list.

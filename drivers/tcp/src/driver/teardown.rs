@@ -67,13 +67,13 @@ impl Tcp {
     /// be received straight into it), or a receive straight into it has
     /// not completed (closed or not).
     pub(super) fn holds_key(c: &Conn, key: u32) -> bool {
-        let sending = c.send.holds_window(key) && (c.flying > 0 || !c.closing);
+        let sending = c.send.holds_window(key) && (c.in_flight > 0 || !c.closing);
         let writing = !c.closing
             && c.serve.write_target().is_some()
             && c.reader
                 .in_payload()
                 .is_some_and(|(h, _)| h.opcode == Opcode::Put && h.key == key);
-        let receiving = c.direct == Direct::Receiving { key } && c.flying > 0;
+        let receiving = c.direct == Direct::Receiving { key } && c.in_flight > 0;
         sending || writing || receiving
     }
 
@@ -160,14 +160,14 @@ impl Tcp {
                 self.uring.recycle(cqueue::buffer_select(flags));
                 if let Some(conn) = self.conn_mut(slot, generation) {
                     if !cqueue::more(flags) {
-                        conn.flying -= 1;
+                        conn.in_flight -= 1;
                     }
                 }
                 self.maybe_free(slot);
             }
             Tag::Send | Tag::Connect | Tag::Direct => {
                 if let Some(conn) = self.conn_mut(slot, generation) {
-                    conn.flying -= 1;
+                    conn.in_flight -= 1;
                 }
                 self.maybe_free(slot);
             }
