@@ -415,7 +415,7 @@ impl RkeyTable {
 /// device ordinal (`u8`, little-endian `u16`), the region's base and
 /// length (little-endian `u64`s), the length of the driver's own blob
 /// (`u32`), the name, then the driver's blob. The packed key around the
-/// parts (`worker::blobs`) carries the integrity check. Version 2 had no
+/// parts (`worker::out_of_band`) carries the integrity check. Version 2 had no
 /// kind.
 pub(crate) mod blob {
     use super::MemKind;

@@ -36,16 +36,16 @@ impl Engine {
     }
 
     fn apply(&mut self, d: usize, c: Completion) {
-        match Named::of(c.token) {
-            Named::Request(id) => self.request_done(d, id, None, c.result),
-            Named::Flush { id, serial } => self.request_done(d, id, Some(serial), c.result),
-            Named::Connect { endpoint, attempt } => {
+        match TokenTarget::of(c.token) {
+            TokenTarget::Request(id) => self.request_done(d, id, None, c.result),
+            TokenTarget::Flush { id, serial } => self.request_done(d, id, Some(serial), c.result),
+            TokenTarget::Connect { endpoint, attempt } => {
                 self.connect_done(d, endpoint, attempt, c.result);
             }
-            Named::Fence { endpoint, serial } => {
+            TokenTarget::Fence { endpoint, serial } => {
                 self.fence_part_done(d, endpoint, serial, c.result);
             }
-            Named::WorkerPart {
+            TokenTarget::WorkerPart {
                 endpoint,
                 flush,
                 serial,
@@ -88,7 +88,7 @@ impl Engine {
     /// completion, or none in flight: R25). Stray, it changes nothing.
     fn fence_part_done(&mut self, d: usize, e: usize, serial: u32, result: Result<u32, Status>) {
         let live = self.endpoints.get(e).is_some_and(|ep| ep.flushing != 0)
-            && Named::same_serial(self.cold[e].fence_serial, serial);
+            && TokenTarget::same_serial(self.cold[e].fence_serial, serial);
         if !live {
             self.stray_completions += 1;
             return;

@@ -28,7 +28,7 @@ impl Engine {
         // which had the same index (its handshakes come back canceled).
         self.connect_attempts = self.connect_attempts.wrapping_add(1);
         let attempt = self.connect_attempts;
-        let token = Named::Connect {
+        let token = TokenTarget::Connect {
             endpoint: self.endpoints.len(),
             attempt,
         }
@@ -103,7 +103,7 @@ impl Engine {
         let live = self
             .cold
             .get(e)
-            .is_some_and(|c| Named::same_serial(c.connect_attempt, attempt));
+            .is_some_and(|c| TokenTarget::same_serial(c.connect_attempt, attempt));
         if !live {
             self.stray_completions += 1;
             return;

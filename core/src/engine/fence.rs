@@ -71,7 +71,7 @@ impl Engine {
         if can_start {
             // No boundary lies between C and this request (its epoch is
             // admitted), so it starts now, in the submitting round.
-            if self.start(id) == Started::Gone {
+            if self.start(id) == Started::Handed {
                 return;
             }
             self.push_head(e, id);
@@ -483,7 +483,7 @@ impl Engine {
     /// The token of endpoint `e`'s fence flush in flight: it names this
     /// flush, not just the endpoint (R25).
     pub(super) fn fence_token(&self, e: usize) -> Token {
-        Named::Fence {
+        TokenTarget::Fence {
             endpoint: e,
             serial: self.cold[e].fence_serial,
         }

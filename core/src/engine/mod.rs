@@ -112,7 +112,7 @@ pub(crate) use queue::EngineQueue;
 pub(crate) use quiet::QuietPart;
 use release::Parked;
 pub use release::UnreleasedMemory;
-use token::Named;
+use token::TokenTarget;
 
 /// Whether an error fails the whole endpoint (the connection is unusable)
 /// rather than only the operation (the target refused this access), by
@@ -129,8 +129,9 @@ pub(super) fn epoch_le(a: u32, b: u32) -> bool {
 /// What starting a request did.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Started {
-    /// Posted, completed, or failed: it is no longer the endpoint's concern.
-    Gone,
+    /// Posted, completed, or failed: handed on, no longer the endpoint's
+    /// concern.
+    Handed,
     /// The driver had no room: it goes back to the head of its queue.
     Blocked,
 }
@@ -186,11 +187,11 @@ pub(crate) struct Engine {
     /// Closed endpoints whose unpacked keys wait for their last operation
     /// in flight before they are released.
     closed_with_rkeys: Vec<usize>,
-    /// The serial of the last user flush started ([`Named::Flush`]).
+    /// The serial of the last user flush started ([`TokenTarget::Flush`]).
     flush_serial: u32,
-    /// The serial of the last worker flush taken ([`Named::WorkerPart`]).
+    /// The serial of the last worker flush taken ([`TokenTarget::WorkerPart`]).
     worker_flush_serial: u32,
-    /// The serial of the last connect attempt ([`Named::Connect`]).
+    /// The serial of the last connect attempt ([`TokenTarget::Connect`]).
     connect_attempts: u32,
     /// Deregistered registrations a driver has not released yet (its
     /// quiesce answered `Pending`): asked again every round while not

@@ -17,7 +17,7 @@ impl Engine {
             Opcode::FENCE => {
                 // The boundary has been crossed: the fence is done.
                 self.complete(id, Ok(0));
-                return Started::Gone;
+                return Started::Handed;
             }
             Opcode::FLUSH | Opcode::CLOSE => {
                 // Everything submitted before this flush has been started
@@ -33,10 +33,10 @@ impl Engine {
                         let status = self.close_status(e, alive);
                         self.close_now(e);
                         self.complete(id, status);
-                        return Started::Gone;
+                        return Started::Handed;
                     }
                     self.finish(id, e, alive);
-                    return Started::Gone;
+                    return Started::Handed;
                 }
                 let mask = self.normalize(e, mask);
                 self.count_flush(e, FlushCause::User);
@@ -62,7 +62,7 @@ impl Engine {
                     Ok(op) => op,
                     Err(status) => {
                         self.finish(id, e, Err(status));
-                        return Started::Gone;
+                        return Started::Handed;
                     }
                 };
                 let posted = self.post_lane_op(e, &mut op, id);
@@ -77,11 +77,11 @@ impl Engine {
             Posted::InFlight => {
                 self.request_mut(id).set_state(State::Posted);
                 self.endpoints[e].inflight += 1;
-                Started::Gone
+                Started::Handed
             }
             Posted::Done(result) => {
                 self.finish(id, e, result);
-                Started::Gone
+                Started::Handed
             }
             Posted::NoResource => Started::Blocked,
         }
@@ -135,16 +135,16 @@ impl Engine {
     /// unused `remote_addr`), so that a late or duplicated completion of
     /// an earlier flush in the same slot is stray (R25).
     fn new_flush_token(&mut self, id: RequestId) -> Token {
-        self.flush_serial = Named::next_flush_serial(self.flush_serial);
+        self.flush_serial = TokenTarget::next_flush_serial(self.flush_serial);
         let serial = self.flush_serial;
         self.request_mut(id).remote_addr = u64::from(serial);
-        Named::Flush { id, serial }.token()
+        TokenTarget::Flush { id, serial }.token()
     }
 
     /// The token user FLUSH or CLOSE `id` started its flush with.
     pub(super) fn flush_token(&self, id: RequestId) -> Token {
         let serial = self.request(id).remote_addr as u32;
-        Named::Flush { id, serial }.token()
+        TokenTarget::Flush { id, serial }.token()
     }
 
     /// The operation a queued PUT, GET, ATOMIC or NOTIFY request asks for,

@@ -207,7 +207,7 @@ impl Engine {
 
     /// The token of worker flush `flush`'s part on endpoint `e`.
     pub(super) fn worker_part_token(&self, e: usize, flush: RequestId) -> Token {
-        Named::WorkerPart {
+        TokenTarget::WorkerPart {
             endpoint: e,
             flush,
             serial: self.request(flush).remote_addr as u32,
@@ -235,7 +235,7 @@ impl Engine {
             .is_some_and(|r| {
                 r.is_worker_flush()
                     && r.state() == State::Posted
-                    && Named::same_part_serial(r.remote_addr as u32, serial)
+                    && TokenTarget::same_part_serial(r.remote_addr as u32, serial)
             });
         let part = self.cold.get(e).and_then(|c| {
             c.quiet_parts

@@ -41,7 +41,7 @@ const PART_SERIAL: u64 = (1 << 14) - 1;
 
 /// What a token names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Named {
+pub(super) enum TokenTarget {
     /// An operation the driver runs.
     Request(RequestId),
     /// User FLUSH or CLOSE `id`, its flush number `serial` (1..2^30).
@@ -59,20 +59,22 @@ pub(super) enum Named {
     },
 }
 
-impl Named {
+impl TokenTarget {
     /// The token a driver call carries.
     pub(super) fn token(self) -> Token {
         let low = |v: usize| v as u64 & u64::from(u32::MAX);
         Token(match self {
-            Named::Request(id) => u64::from(id.0),
-            Named::Flush { id, serial } => (u64::from(serial) & MIDDLE) << 32 | u64::from(id.0),
-            Named::Connect { endpoint, attempt } => {
+            TokenTarget::Request(id) => u64::from(id.0),
+            TokenTarget::Flush { id, serial } => {
+                (u64::from(serial) & MIDDLE) << 32 | u64::from(id.0)
+            }
+            TokenTarget::Connect { endpoint, attempt } => {
                 CONNECT | (u64::from(attempt) & MIDDLE) << 32 | low(endpoint)
             }
-            Named::Fence { endpoint, serial } => {
+            TokenTarget::Fence { endpoint, serial } => {
                 FENCE | (u64::from(serial) & MIDDLE) << 32 | low(endpoint)
             }
-            Named::WorkerPart {
+            TokenTarget::WorkerPart {
                 endpoint,
                 flush,
                 serial,
@@ -87,23 +89,23 @@ impl Named {
     /// What `token` names. Every token decodes to something: one that no
     /// engine call carried names nothing live, and is stray where it is
     /// looked up.
-    pub(super) fn of(token: Token) -> Named {
+    pub(super) fn of(token: Token) -> TokenTarget {
         let (kind, middle, low) = (token.0 & KIND, (token.0 >> 32) & MIDDLE, token.0 as u32);
         match kind {
-            0 if middle == 0 => Named::Request(RequestId(low)),
-            0 => Named::Flush {
+            0 if middle == 0 => TokenTarget::Request(RequestId(low)),
+            0 => TokenTarget::Flush {
                 id: RequestId(low),
                 serial: middle as u32,
             },
-            CONNECT => Named::Connect {
+            CONNECT => TokenTarget::Connect {
                 endpoint: low as usize,
                 attempt: middle as u32,
             },
-            FENCE => Named::Fence {
+            FENCE => TokenTarget::Fence {
                 endpoint: low as usize,
                 serial: middle as u32,
             },
-            _ => Named::WorkerPart {
+            _ => TokenTarget::WorkerPart {
                 endpoint: (middle & 0xffff) as usize,
                 flush: RequestId(low),
                 serial: (middle >> 16) as u32,
@@ -136,47 +138,47 @@ mod tests {
     #[test]
     fn every_kind_round_trips_and_foreign_tokens_name_nothing() {
         let named = [
-            Named::Request(RequestId(0xdead_beef)),
-            Named::Flush {
+            TokenTarget::Request(RequestId(0xdead_beef)),
+            TokenTarget::Flush {
                 id: RequestId(7),
                 serial: 1,
             },
-            Named::Connect {
+            TokenTarget::Connect {
                 endpoint: 7,
                 attempt: 3,
             },
-            Named::Fence {
+            TokenTarget::Fence {
                 endpoint: 65_535,
                 serial: (1 << 30) - 1,
             },
-            Named::WorkerPart {
+            TokenTarget::WorkerPart {
                 endpoint: 65_534,
                 flush: RequestId(0x0010_0001),
                 serial: (1 << 14) - 1,
             },
         ];
         for n in named {
-            assert_eq!(Named::of(n.token()), n);
+            assert_eq!(TokenTarget::of(n.token()), n);
         }
         // The serial wraps at 2^30: a later flush's token still decodes.
-        let t = Named::Fence {
+        let t = TokenTarget::Fence {
             endpoint: 1,
             serial: (1 << 30) + 5,
         }
         .token();
         assert_eq!(
-            Named::of(t),
-            Named::Fence {
+            TokenTarget::of(t),
+            TokenTarget::Fence {
                 endpoint: 1,
                 serial: 5
             }
         );
-        assert!(Named::same_serial((1 << 30) + 5, 5));
-        assert!(!Named::same_serial(6, 5));
-        assert_eq!(Named::next_flush_serial((1 << 30) - 1), 1, "never 0");
-        assert_eq!(Named::next_flush_serial(0), 1);
+        assert!(TokenTarget::same_serial((1 << 30) + 5, 5));
+        assert!(!TokenTarget::same_serial(6, 5));
+        assert_eq!(TokenTarget::next_flush_serial((1 << 30) - 1), 1, "never 0");
+        assert_eq!(TokenTarget::next_flush_serial(0), 1);
         // A worker flush part's serial wraps at 2^14.
-        assert!(Named::same_part_serial((1 << 14) + 2, 2));
-        assert!(!Named::same_part_serial(3, 2));
+        assert!(TokenTarget::same_part_serial((1 << 14) + 2, 2));
+        assert!(!TokenTarget::same_part_serial(3, 2));
     }
 }

@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-mod blobs;
+mod out_of_band;
 mod buffer;
 mod builder;
 mod core_thread;
@@ -32,7 +32,7 @@ mod memory;
 mod queue_pair;
 mod wait;
 
-use blobs::{decode_address, decode_key, encode_address, encode_key};
+use out_of_band::{decode_address, decode_key, encode_address, encode_key};
 pub use buffer::RegisteredBuf;
 pub use builder::WorkerBuilder;
 use core_thread::CoreThread;
