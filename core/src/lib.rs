@@ -30,8 +30,9 @@
 //! registered addresses), the driver seam's declaration of the unsafe
 //! data-path contract ([`Driver::post`], [`DirectPath::execute`]) and the
 //! two engine modules that call it (`engine::post`, `engine::direct`, each
-//! call with the reason it holds); everything else is
-//! `#![deny(unsafe_code)]`.
+//! call with the reason it holds), [`Worker::register`] (an `unsafe fn`:
+//! its caller vouches for the memory), and a unit test's driver that
+//! forwards `post`; everything else is `#![deny(unsafe_code)]`.
 #![deny(
     unsafe_code,
     unsafe_op_in_unsafe_fn,

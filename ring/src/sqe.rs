@@ -397,7 +397,7 @@ impl Sqe {
         let remote = self.rkey as u64 | self.remote_addr;
         let operands = self.operand | self.operand2;
         match Opcode::from_raw(self.opcode) {
-            Some(Opcode::PUT | Opcode::GET) => reserved | operands,
+            Some(Opcode::PUT | Opcode::GET) => self.rma_unused_bits(),
             Some(Opcode::ATOMIC) => {
                 let by_op = match AtomicOp::from_raw(self.subop) {
                     Some(AtomicOp::ADD) => local | self.operand2,
@@ -415,6 +415,14 @@ impl Sqe {
             }
             _ => 0,
         }
+    }
+
+    /// [`unused_bits`](Sqe::unused_bits) of a PUT or GET, without decoding
+    /// the opcode: for a caller that already knows it (the engine's
+    /// validation of each PUT and GET).
+    #[inline]
+    pub const fn rma_unused_bits(&self) -> u64 {
+        self.reserved0 as u64 | self.reserved1 as u64 | self.operand | self.operand2
     }
 
     /// The local buffer named by this entry.

@@ -284,7 +284,7 @@ impl Engine {
 /// `1..=max_len`. The unused fields cost one OR and one branch.
 #[inline]
 pub(super) fn rma_shape(sqe: &Sqe, opcode: Opcode, get: bool, max_len: u32) -> Result<(), Status> {
-    let unused = u64::from(sqe.reserved0) | u64::from(sqe.reserved1) | sqe.operand | sqe.operand2;
+    let unused = sqe.rma_unused_bits();
     if unused | u64::from(sqe.subop) != 0 {
         return Err(if unused != 0 {
             Status::InvalidArgument

@@ -24,18 +24,18 @@ use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-mod out_of_band;
 mod buffer;
 mod builder;
 mod core_thread;
 mod memory;
+mod out_of_band;
 mod queue_pair;
 mod wait;
 
-use out_of_band::{decode_address, decode_key, encode_address, encode_key};
 pub use buffer::RegisteredBuf;
 pub use builder::WorkerBuilder;
 use core_thread::CoreThread;
+use out_of_band::{decode_address, decode_key, encode_address, encode_key};
 pub use queue_pair::{Notification, QueuePair};
 
 /// What the application threads, the core thread and the worker share.

@@ -17,22 +17,6 @@ pub(crate) const RESIZE_SEALS: SealFlag = SealFlag::F_SEAL_SHRINK
     .union(SealFlag::F_SEAL_GROW)
     .union(SealFlag::F_SEAL_SEAL);
 
-/// The page size mappings are rounded to.
-pub(crate) fn page_size() -> u64 {
-    nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
-        .ok()
-        .flatten()
-        .and_then(|p| u64::try_from(p).ok())
-        .filter(|p| p.is_power_of_two())
-        .unwrap_or(4096)
-}
-
-/// `len` rounded up to whole pages; `None` on overflow.
-pub(crate) fn round_to_pages(len: u64) -> Option<u64> {
-    let page = page_size();
-    len.max(1).checked_add(page - 1).map(|l| l & !(page - 1))
-}
-
 /// A new memfd of `size` bytes (zero-filled), not yet sealed.
 ///
 /// # Errors
@@ -117,7 +101,5 @@ mod tests {
         assert!(nix::unistd::ftruncate(&fd, 4096).is_err(), "sealed");
         let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
         assert_eq!(check(&a, 1), Err(BadMemfd::NotMemfd));
-        assert_eq!(round_to_pages(1), Some(page_size()));
-        assert_eq!(round_to_pages(u64::MAX), None);
     }
 }

@@ -32,7 +32,8 @@ impl ShmAlloc {
     /// too large, or a system call failed.
     pub(crate) fn new(len: usize) -> io::Result<ShmAlloc> {
         ringfence::limits::check(len).map_err(io::Error::other)?;
-        let size = memfd::round_to_pages(len as u64)
+        let size = ringfence::limits::round_to_pages(len)
+            .map(|size| size as u64)
             .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
         let fd = memfd::create("ringfence-shm", size)?;
         let whole =
@@ -87,7 +88,7 @@ mod tests {
     #[test]
     fn allocations_are_sealed_page_rounded_and_zeroed() {
         let a = ShmAlloc::new(10).unwrap();
-        assert_eq!(a.size(), memfd::page_size());
+        assert_eq!(a.size(), ringfence::limits::page_size() as u64);
         assert_eq!(a.base() % 64, 0);
         assert_eq!(DriverMemory::len(&a), 10);
         assert_eq!(memfd::check(&a.fd(), a.size()), Ok(a.size()));
