@@ -13,7 +13,7 @@
 //! - `no_fence_one_lane`: PUTs on one lane, no fence (the baseline for the
 //!   weak fence).
 //! - `weak_every_8`: PUTs on one ordered lane, a weak FENCE after every 8:
-//!   the engine turns it into a transport fence flag, no flush (FENCE.md R8).
+//!   the engine turns it into a transport fence flag, no flush (docs/fence.md R8).
 //! - `strong_every_8`: PUTs over three lanes, a strong FENCE after every 8:
 //!   a selective flush that later PUTs wait for inside the engine, while
 //!   the application keeps submitting, also to the other endpoints (R9,

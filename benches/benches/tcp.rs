@@ -29,7 +29,7 @@
 //!   a 4-lane endpoint (bandwidth threshold 1 byte), at most 128 in flight,
 //!   each completion reaped; `no_fence`, then `strong_every_8` (a strong
 //!   FENCE after every 8 PUTs: a flush of the lanes written, later PUTs
-//!   held in the engine until it completes, FENCE.md R9/R16), then
+//!   held in the engine until it completes, docs/fence.md R9/R16), then
 //!   `flush_every_8` (the blocking alternative: a FLUSH after every 8 and
 //!   a wait for it before submitting more).
 //!

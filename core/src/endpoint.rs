@@ -39,7 +39,7 @@ pub enum EndpointState {
     Closed,
 }
 
-/// A snapshot of an endpoint's fence engine (FENCE.md §3), as
+/// A snapshot of an endpoint's fence engine (docs/fence.md §3), as
 /// [`Worker::fence_state`] reports it: read under the engine lock, so it
 /// is consistent, but progress may change it right after.
 ///
@@ -87,7 +87,7 @@ pub(crate) enum EpState {
 /// line, pinned below (UCX's `ucp_ep_t` + `ucp_ep_ext_t` are 64 + 216
 /// bytes; the budget DESIGN.md sets is 128).
 ///
-/// Epochs (FENCE.md §3): `submit_epoch` is W, bumped by every FENCE and by
+/// Epochs (docs/fence.md §3): `submit_epoch` is W, bumped by every FENCE and by
 /// the implicit fence before a NOTIFY; `admitted_epoch` is C. Both start at 1
 /// (R12). A request captures W at submission (R13) and may start only when
 /// its epoch is ≤ C and nothing is queued ahead of it (R14, R18).
@@ -386,7 +386,7 @@ pub(crate) struct EndpointCold {
     pub weak_generation: u32,
     /// Which fence flush of this endpoint is in flight (valid while
     /// `Endpoint::flushing != 0`): its token carries it, so a late or
-    /// duplicated completion of an earlier one is stray (FENCE.md R25).
+    /// duplicated completion of an earlier one is stray (docs/fence.md R25).
     pub fence_serial: u32,
     /// Lanes that user FLUSHes (and CLOSEs and worker flushes) in flight
     /// took out of D when they started: their work is outstanding until
@@ -449,7 +449,7 @@ impl EndpointCold {
 mod tests {
     use super::*;
 
-    /// FENCE.md W6: the fence state (epochs, masks, the in-flight target,
+    /// docs/fence.md W6: the fence state (epochs, masks, the in-flight target,
     /// the deferred FIFO, the weak admission) fits the hot endpoint line
     /// (UCX's ucp_ep_ext_t grew 216 -> 256 B with its fence).
     #[test]

@@ -29,7 +29,7 @@ pub(crate) enum State {
 ///
 /// Everything the engine needs from the SQE is copied in at acceptance (the
 /// ring memory is untrusted and may change), so a deferred request never
-/// re-reads the SQ (FENCE.md R3).
+/// re-reads the SQ (docs/fence.md R3).
 #[derive(Debug, Clone, Copy)]
 #[repr(C)]
 pub(crate) struct Request {
@@ -52,7 +52,7 @@ pub(crate) struct Request {
     pub opcode: u8,
     /// `subop` (bits 0-1), SKIP_SUCCESS (bit 2), state (bits 3-4), holds a
     /// reference on its local registration (bit 5), a strong fence precedes
-    /// it (bit 6; FENCE.md R9).
+    /// it (bit 6; docs/fence.md R9).
     pub bits: u8,
 }
 
@@ -249,7 +249,7 @@ impl Pool {
 mod tests {
     use super::*;
 
-    /// FENCE.md W6: the request carries its fence epoch in existing space
+    /// docs/fence.md W6: the request carries its fence epoch in existing space
     /// and stays one cache line (UCX's grew 272 -> 280 B with its fence).
     #[test]
     fn w6_a_request_is_one_cache_line() {

@@ -12,12 +12,12 @@ pub struct Stats {
     /// FENCE operations submitted.
     pub fences: u64,
     /// Fence boundaries crossed with a transport fence flag on one ordered
-    /// lane instead of a flush (FENCE.md R8).
+    /// lane instead of a flush (docs/fence.md R8).
     pub weak_fences: u64,
     /// Driver flushes started, whatever started them: the sum of the four
     /// below.
     pub flushes: u64,
-    /// Driver flushes started by strong fences (FENCE.md R9): one flush of
+    /// Driver flushes started by strong fences (docs/fence.md R9): one flush of
     /// the dirty lanes per boundary.
     pub fence_flushes: u64,
     /// Driver flushes started by the implicit fence before a NOTIFY: a

@@ -109,7 +109,7 @@ fn is_fence(sqe: &Sqe) -> bool {
     sqe.opcode == ringfence_ring::Opcode::FENCE.as_raw()
 }
 
-/// (a) FENCE.md R18, R20, R32: a handshake that fails after M polls, with
+/// (a) docs/fence.md R18, R20, R32: a handshake that fails after M polls, with
 /// 100 SQEs queued on the connecting endpoint (weak and strong fences
 /// among them). Nothing reaches the driver; every SQE completes exactly
 /// once; everything queued completes with the handshake's error, in

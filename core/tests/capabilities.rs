@@ -3,7 +3,7 @@
 //! mask, the atomic domain on mixed endpoints, the driver's largest
 //! message for NOTIFY, the peer's notification buffers, and the weak
 //! NOTIFY path of drivers whose lanes deliver a NOTIFY after the writes
-//! before it (`notify_ordered`, FENCE.md R8, R9).
+//! before it (`notify_ordered`, docs/fence.md R8, R9).
 //!
 //! The drivers are loopback drivers claiming less than they could do
 //! (`Loopback::with_capabilities`), wrapped in `FaultInjector`s where a

@@ -1,4 +1,4 @@
-//! The fence engine against FENCE.md, over the loopback driver wrapped in a
+//! The fence engine against docs/fence.md, over the loopback driver wrapped in a
 //! `FaultInjector`: one named test per rule family and per review warning
 //! (W1–W6), memory-effect tests on out-of-order lanes, and a model-based
 //! property test.

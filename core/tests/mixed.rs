@@ -1,5 +1,5 @@
 //! Memory kinds and endpoints with lanes on several drivers (one fence
-//! domain over all of them, FENCE.md R24, R28), over two loopback drivers
+//! domain over all of them, docs/fence.md R24, R28), over two loopback drivers
 //! under different names, each wrapped in a `FaultInjector` so that its
 //! timing and its flushes can be set and seen.
 

@@ -278,7 +278,7 @@ impl Sqe {
         sqe
     }
 
-    /// A worker flush (a quiet, FENCE.md R26): completes when everything
+    /// A worker flush (a quiet, docs/fence.md R26): completes when everything
     /// submitted on every endpoint of the worker before it is remotely
     /// complete, without waiting for anything submitted after it.
     #[inline]

@@ -152,7 +152,7 @@ closed_set! {
 }
 
 closed_set! {
-    /// How a [`Opcode::CLOSE`] closes its endpoint (FENCE.md R41–R43).
+    /// How a [`Opcode::CLOSE`] closes its endpoint (docs/fence.md R41–R43).
     pub struct CloseMode(u8) as CloseMode {
         /// After everything submitted before it is remotely complete; its
         /// CQE comes last.
@@ -180,7 +180,7 @@ closed_set! {
 
 closed_set! {
     /// What an [`Opcode::FENCE`] promises. Not to be confused with the
-    /// *paths* of FENCE.md (§2), which are how the engine keeps a promise:
+    /// *paths* of docs/fence.md (§2), which are how the engine keeps a promise:
     /// at the next operation after the fence it takes the free path
     /// (nothing outstanding, R10), the weak path (a transport fence flag on
     /// the one ordered lane everything is on, R8) or the strong path (a
@@ -192,7 +192,7 @@ closed_set! {
     /// | `COMPLETE` | yes       | never     | always otherwise     |
     pub struct FenceMode(u8) as FenceMode {
         /// Order only: what comes after takes effect at the target after
-        /// what came before (FENCE.md R5). The engine picks the cheapest
+        /// what came before (docs/fence.md R5). The engine picks the cheapest
         /// path that keeps the order.
         ORDER = 0,
         /// Complete: nothing after starts before everything before is
@@ -205,12 +205,12 @@ closed_set! {
 impl FenceMode {
     /// The former name of [`FenceMode::ORDER`].
     #[deprecated(
-        note = "renamed FenceMode::ORDER: it names what a fence promises, not a FENCE.md path"
+        note = "renamed FenceMode::ORDER: it names what a fence promises, not a docs/fence.md path"
     )]
     pub const WEAK: FenceMode = FenceMode::ORDER;
     /// The former name of [`FenceMode::COMPLETE`].
     #[deprecated(
-        note = "renamed FenceMode::COMPLETE: it names what a fence promises, not a FENCE.md path"
+        note = "renamed FenceMode::COMPLETE: it names what a fence promises, not a docs/fence.md path"
     )]
     pub const STRONG: FenceMode = FenceMode::COMPLETE;
 }
@@ -218,7 +218,7 @@ impl FenceMode {
 closed_set! {
     /// What an [`Opcode::FLUSH`] covers.
     pub struct FlushScope(u8) as FlushScope {
-        /// Everything submitted on the SQE's endpoint before it (FENCE.md
+        /// Everything submitted on the SQE's endpoint before it (docs/fence.md
         /// R21, R23).
         ENDPOINT = 0,
         /// Everything submitted on every endpoint of the worker before it

@@ -660,7 +660,7 @@ struct rf_worker_config {
 
 /**
  * A snapshot of an endpoint's fence engine, from `rf_ep_fence_state`
- * (FENCE.md §3 names the epochs and masks). Consistent when taken;
+ * (docs/fence.md §3 names the epochs and masks). Consistent when taken;
  * progress may change it right after.
  */
 struct rf_fence_state {

@@ -169,7 +169,7 @@ pub struct rf_ring {
 }
 
 /// A snapshot of an endpoint's fence engine, from `rf_ep_fence_state`
-/// (FENCE.md §3 names the epochs and masks). Consistent when taken;
+/// (docs/fence.md §3 names the epochs and masks). Consistent when taken;
 /// progress may change it right after.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]

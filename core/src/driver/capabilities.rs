@@ -30,7 +30,7 @@ pub struct Capabilities {
     /// immediate after writes, a TCP stream, a CUDA stream): the engine
     /// then orders a NOTIFY by the weak path when its own lane is the only
     /// dirty one (a transport fence flag, no flush), and by a flush
-    /// otherwise (FENCE.md R8, R9).
+    /// otherwise (docs/fence.md R8, R9).
     pub notify_ordered: bool,
     /// Memory kinds it registers (for local use, remote access or both:
     /// [`Registered`]).

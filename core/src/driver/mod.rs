@@ -9,7 +9,7 @@
 //! as a [`Completion`] carrying the same [`Token`]), or
 //! [`Posted::NoResource`] (nothing was done; try again later). That
 //! tri-state is what keeps a synchronously completing flush from re-entering
-//! the engine (FENCE.md R25, W1).
+//! the engine (docs/fence.md R25, W1).
 //!
 //! The seam is shaped for asynchronous drivers (a NIC that writes memory
 //! long after `post` returned, a TCP acknowledgement, a CUDA event);
@@ -160,7 +160,7 @@ pub struct Op {
     /// Second atomic operand (CSWAP's swap value).
     pub operand2: u64,
     /// A transport fence: this operation must take effect after everything
-    /// posted earlier on its lane (a weak fence, FENCE.md R8; the fence
+    /// posted earlier on its lane (a weak fence, docs/fence.md R8; the fence
     /// indicator of an RC work request).
     pub fence: bool,
 }
@@ -527,14 +527,14 @@ pub trait Driver: Send + fmt::Debug + 'static {
     }
 
     /// Whether `lane` of `ep` orders operations once fenced (an [`Op::fence`]
-    /// flag suffices), so a weak fence may use it (FENCE.md R8, R9).
+    /// flag suffices), so a weak fence may use it (docs/fence.md R8, R9).
     fn lane_ordered(&self, ep: DriverEp, lane: u8) -> bool {
         let _ = (ep, lane);
         self.capabilities().ordered_lanes
     }
 
     /// The generation of `lane` of `ep`: bumped whenever the transport
-    /// channel behind it is replaced (FENCE.md R38). Operations in flight on
+    /// channel behind it is replaced (docs/fence.md R38). Operations in flight on
     /// an old generation complete through `poll` (with an error if they
     /// were lost).
     fn lane_generation(&self, ep: DriverEp, lane: u8) -> u32 {

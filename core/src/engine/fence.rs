@@ -1,5 +1,5 @@
 //! The fence engine proper: epochs, the deferred FIFO, dispatch, and the
-//! boundary actions (FENCE.md §2–§4).
+//! boundary actions (docs/fence.md §2–§4).
 
 use super::*;
 

@@ -1,6 +1,6 @@
 //! Lane routing: which driver, connection and lane an operation takes, and
 //! flushes split over the drivers of an endpoint with lanes on several
-//! (FENCE.md R24, R28).
+//! (docs/fence.md R24, R28).
 //!
 //! Most endpoints have all their lanes on one driver; the engine then uses
 //! the endpoint's `driver` and `driver_ep` and the lane as it is. An

@@ -4,7 +4,7 @@
 //! A round: move overflowed CQEs into their CQ; take SQEs (at most a batch
 //! per queue pair, never more than free requests, none while that queue pair
 //! has overflowed CQEs); validate each and hand it to its endpoint, which
-//! starts it or queues it (FENCE.md R14, R18); dispatch a bounded batch from
+//! starts it or queues it (docs/fence.md R14, R18); dispatch a bounded batch from
 //! each endpoint that has queued work (R19); poll the drivers and complete
 //! what finished; dispatch again what those completions admitted; post
 //! incoming notifications; publish CQEs and ring CQ doorbells of
@@ -25,7 +25,7 @@
 //! only records its effect and schedules the endpoint, and dispatch runs
 //! from the round, never from inside a completion (R25, R49, W1).
 //!
-//! # The fence engine (FENCE.md)
+//! # The fence engine (docs/fence.md)
 //!
 //! Per endpoint: W (`submit_epoch`) counts fences; every request captures W
 //! at submission (R12, R13); C (`admitted_epoch`) is the epoch admitted so

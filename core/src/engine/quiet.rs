@@ -1,4 +1,4 @@
-//! The worker flush (a quiet, FENCE.md R26): the union of every endpoint's
+//! The worker flush (a quiet, docs/fence.md R26): the union of every endpoint's
 //! flush, bounded to what was submitted before it.
 //!
 //! A worker flush takes one request slot, whatever the number of

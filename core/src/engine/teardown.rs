@@ -1,4 +1,4 @@
-//! Closing endpoints and tearing the engine down (FENCE.md §8).
+//! Closing endpoints and tearing the engine down (docs/fence.md §8).
 
 use super::*;
 

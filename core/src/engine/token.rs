@@ -12,7 +12,7 @@
 //! | `10`       | the flush's serial                | the endpoint (fence)   |
 //! | `11`       | serial (61–48), endpoint (47–32)  | the worker flush's id  |
 //!
-//! A flush's serial tells one flush from the next (FENCE.md R25): a late
+//! A flush's serial tells one flush from the next (docs/fence.md R25): a late
 //! or duplicated completion of an earlier one, which a lane replacement
 //! can produce on a network, is stray instead of being taken for the
 //! completion of the flush in flight: for a fence flush, the endpoint's

@@ -293,7 +293,7 @@ impl Worker {
     /// Connects to a peer with lanes on the drivers named in `groups`, in
     /// order: `(driver name, lanes)`, say `[("shm", 2), ("cuda", 4)]` for
     /// lanes 0–1 over shared memory and 2–5 over CUDA, all under one fence
-    /// domain (FENCE.md R28). Both workers need each named driver. Returns
+    /// domain (docs/fence.md R28). Both workers need each named driver. Returns
     /// at once, as [`connect`](Worker::connect) does.
     ///
     /// Each operation takes a lane of a driver that can run it: one that

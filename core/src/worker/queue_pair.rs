@@ -148,7 +148,7 @@ impl QueuePair {
     ///
     /// It runs only if the engine would start `sqe` at once anyway (a valid
     /// PUT or GET on a connected endpoint with nothing queued and no fence
-    /// pending, or only a weak fence on the lane it takes (FENCE.md R8),
+    /// pending, or only a weak fence on the lane it takes (docs/fence.md R8),
     /// through a driver that finishes operations inside the call,
     /// as shm and loopback do), this queue pair has no SQE the engine has
     /// not taken yet (pushed ones included: one could be a FENCE), and no

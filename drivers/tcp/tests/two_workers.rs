@@ -137,7 +137,7 @@ fn put_get_atomic_notify() {
     assert_eq!(&*tq.notification(&cqe).unwrap(), b"hello");
 }
 
-/// A worker flush (FENCE.md R26) over 4 lanes: when it completes, every
+/// A worker flush (docs/fence.md R26) over 4 lanes: when it completes, every
 /// PUT before it is acknowledged, so its data is in the window; the
 /// endpoint's lanes are clean after it.
 #[test]
@@ -921,7 +921,7 @@ fn every_damaged_key_and_address_is_refused_at_unpack_and_connect() {
 
 /// An 8-byte PUT and then a NOTIFY, both on lane 0: the tcp stream
 /// delivers the NOTIFY after the PUT (`notify_ordered`), so the boundary
-/// is a weak fence, no flush (FENCE.md R8), and the data is there when
+/// is a weak fence, no flush (docs/fence.md R8), and the data is there when
 /// the notification is seen.
 #[test]
 fn a_notification_behind_a_put_on_its_lane_needs_no_flush() {
