@@ -85,7 +85,7 @@ pub(crate) enum EpState {
 
 /// The hot part of an endpoint: what every operation touches. One cache
 /// line, pinned below (UCX's `ucp_ep_t` + `ucp_ep_ext_t` are 64 + 216
-/// bytes; the budget DESIGN.md sets is 128).
+/// bytes; the budget set for it is 128).
 ///
 /// Epochs (docs/fence.md §3): `submit_epoch` is W, bumped by every FENCE and by
 /// the implicit fence before a NOTIFY; `admitted_epoch` is C. Both start at 1

@@ -30,7 +30,7 @@ impl Engine {
         let ep = &mut self.endpoints[e];
         if opcode == Opcode::NOTIFY {
             // An implicit fence: delivered after everything earlier is
-            // remotely complete (DESIGN.md, Notifications). Strong, unless
+            // remotely complete (docs/fence.md R8). Strong, unless
             // the endpoint's one driver delivers a NOTIFY after the writes
             // before it on its lane (`notify_ordered`): then the boundary
             // takes the weak path when the NOTIFY's lane is the only dirty

@@ -1,5 +1,5 @@
-//! Memory a driver has not released yet (DESIGN.md, "Teardown may take
-//! time"): deregistered registrations whose quiesce answered
+//! Memory a driver has not released yet (docs/architecture.md, "Memory
+//! and keys"): deregistered registrations whose quiesce answered
 //! [`Quiesced::Pending`] wait here, re-asked from the progress round, and
 //! those a driver answered [`Quiesced::Leak`] for are leaked, never freed.
 //!

@@ -143,7 +143,7 @@ fn reentered() -> ! {
     panic!(
         "ringfence: a worker was entered again from inside its own engine (a Driver method \
          called back into the Worker, QueuePair or buffer that drives it); drivers must never \
-         call the engine (DESIGN.md, driver contract: nothing re-enters)"
+         call the engine (docs/architecture.md, threads: nothing re-enters)"
     )
 }
 
