@@ -74,6 +74,11 @@ pub use stats::Stats;
 pub use sys::notify::{Delivery, MAX_NOTIFY_BUFFERS, NotifyPool};
 pub use worker::{Notification, QueuePair, RegisteredBuf, Worker, WorkerBuilder};
 
+/// The README's Rust example, compiled and run as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeExample;
+
 /// Copies and atomics on memory a peer may write concurrently: registered
 /// memory (shared with peers and the application at once) and a peer's
 /// memory mapped by a driver, for drivers that move bytes into or out of

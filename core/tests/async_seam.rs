@@ -1015,7 +1015,7 @@ fn a_named_simulated_driver_stands_in_for_a_device_driver() {
 }
 
 /// What each kind of SQE queued behind a failed handshake completes with,
-/// as the README's "Connecting" section and `Worker::connect` say: a FENCE
+/// as docs/rust.md's "Connecting" section and `Worker::connect` say: a FENCE
 /// completes when it is submitted (R5), while the endpoint is still
 /// connecting; the PUTs and FLUSHes queued behind the handshake complete
 /// with its error, in submission order; a worker FLUSH covering them fails

@@ -85,7 +85,7 @@ pub struct Summary {
 /// As nixlbench: `bw_gb_per_sec` is bytes of all timed batches over the
 /// wall time of the timed loop, in 10^9 bytes per second, and
 /// `avg_lat_us` is that wall time over the transfers (`num_iter` ×
-/// batch size). `prep`, `post` and `tx` are per batch (see the README).
+/// batch size). `prep`, `post` and `tx` are per batch (see tools/README.md).
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
     /// Bytes per transfer.
