@@ -16,7 +16,7 @@
  *   ./epoll_client [rounds]
  */
 #define _GNU_SOURCE
-#include <ringfence.h>
+#include "common.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -26,37 +26,6 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#define TRY(call)                                                                         \
-    do {                                                                                  \
-        int rc_ = (call);                                                                 \
-        if (rc_ < 0) {                                                                    \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, rf_strerror(rc_)); \
-            exit(1);                                                                      \
-        }                                                                                 \
-    } while (0)
-
-static void send_all(int fd, const void *p, size_t len)
-{
-    for (const char *b = p; len > 0;) {
-        ssize_t n = write(fd, b, len);
-        if (n <= 0)
-            exit(1);
-        b += n;
-        len -= (size_t)n;
-    }
-}
-
-static void recv_all(int fd, void *p, size_t len)
-{
-    for (char *b = p; len > 0;) {
-        ssize_t n = read(fd, b, len);
-        if (n <= 0)
-            exit(1);
-        b += n;
-        len -= (size_t)n;
-    }
-}
 
 /* The target: a window, offered on `fd`; stays until the client hangs up. */
 static int target(int fd)

@@ -16,7 +16,7 @@
  *   ./pingpong [rounds]
  */
 #define _GNU_SOURCE
-#include <ringfence.h>
+#include "common.h"
 
 #include <inttypes.h>
 #include <sched.h>
@@ -27,37 +27,6 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-
-#define TRY(call)                                                                         \
-    do {                                                                                  \
-        int rc_ = (call);                                                                 \
-        if (rc_ < 0) {                                                                    \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, rf_strerror(rc_)); \
-            exit(1);                                                                      \
-        }                                                                                 \
-    } while (0)
-
-static void send_all(int fd, const void *p, size_t len)
-{
-    for (const char *b = p; len > 0;) {
-        ssize_t n = write(fd, b, len);
-        if (n <= 0)
-            exit(1);
-        b += n;
-        len -= (size_t)n;
-    }
-}
-
-static void recv_all(int fd, void *p, size_t len)
-{
-    for (char *b = p; len > 0;) {
-        ssize_t n = read(fd, b, len);
-        if (n <= 0)
-            exit(1);
-        b += n;
-        len -= (size_t)n;
-    }
-}
 
 /* A peer, as this process sees it. */
 struct side {
