@@ -131,32 +131,47 @@ pub(crate) struct Endpoint {
     pub state: EpState,
     /// [`SCHEDULED`], [`STRONG_ARMED`], [`CONNECTING`], [`MIXED`],
     /// [`QUIET`].
-    pub flags: u8,
+    pub flags: EpFlags,
     /// The one lane a weak fence admitted `weak_epoch` on (R8), with
     /// [`WEAK_FLAG_OWED`] set until the first operation after the fence
     /// carried the transport fence flag; [`NO_LANE`] when none.
     pub weak_lane: u8,
 }
 
+/// A set of an endpoint's flags (`Endpoint::flags`): the constants below,
+/// combined with [`EpFlags::union`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct EpFlags(u8);
+
+impl EpFlags {
+    /// No flag.
+    pub(crate) const NONE: EpFlags = EpFlags(0);
+
+    /// The flags of both sets.
+    pub(crate) const fn union(self, other: EpFlags) -> EpFlags {
+        EpFlags(self.0 | other.0)
+    }
+}
+
 /// In `flags`: the endpoint is in the engine's dispatch list.
-pub(crate) const SCHEDULED: u8 = 1;
+pub(crate) const SCHEDULED: EpFlags = EpFlags(1);
 /// In `flags`: a strong FENCE was submitted since the last request, so the
 /// next one is marked (`Request::strong_boundary`).
-pub(crate) const STRONG_ARMED: u8 = 1 << 1;
+pub(crate) const STRONG_ARMED: EpFlags = EpFlags(1 << 1);
 /// In `flags`: the driver's handshake has not finished. Requests queue in
 /// FIFO order (R18) and nothing is started or flushed until it has; a
 /// failed handshake fails the endpoint (R20, R32).
-pub(crate) const CONNECTING: u8 = 1 << 2;
+pub(crate) const CONNECTING: EpFlags = EpFlags(1 << 2);
 /// In `flags`: the endpoint has lanes on several drivers (its lane groups
 /// are in `EndpointCold::groups`); `driver` and `driver_ep` name the first
 /// group's.
-pub(crate) const MIXED: u8 = 1 << 3;
+pub(crate) const MIXED: EpFlags = EpFlags(1 << 3);
 /// In `flags`: worker flush parts wait on or run over this endpoint (they
 /// are in `EndpointCold::quiet_parts`).
-pub(crate) const QUIET: u8 = 1 << 4;
+pub(crate) const QUIET: EpFlags = EpFlags(1 << 4);
 /// `flags` that keep the direct path off: a boundary or a handshake is
 /// pending, or lanes are on several drivers.
-pub(crate) const NOT_DIRECT: u8 = STRONG_ARMED | CONNECTING | MIXED;
+pub(crate) const NOT_DIRECT: EpFlags = STRONG_ARMED.union(CONNECTING).union(MIXED);
 
 /// No weak admission.
 pub(crate) const NO_LANE: u8 = 0xff;
@@ -184,7 +199,7 @@ impl Endpoint {
             lanes,
             next_bw: 0,
             state: EpState::Connected,
-            flags: 0,
+            flags: EpFlags::NONE,
             weak_lane: NO_LANE,
         }
     }
@@ -214,17 +229,17 @@ impl Endpoint {
 
     /// Whether a flag of `flags` is set.
     #[inline]
-    pub(crate) fn has(&self, flags: u8) -> bool {
-        self.flags & flags != 0
+    pub(crate) fn has(&self, flags: EpFlags) -> bool {
+        self.flags.0 & flags.0 != 0
     }
 
     /// Sets or clears `flags`.
     #[inline]
-    pub(crate) fn set(&mut self, flags: u8, on: bool) {
+    pub(crate) fn set(&mut self, flags: EpFlags, on: bool) {
         if on {
-            self.flags |= flags;
+            self.flags.0 |= flags.0;
         } else {
-            self.flags &= !flags;
+            self.flags.0 &= !flags.0;
         }
     }
 
