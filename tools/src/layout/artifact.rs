@@ -242,7 +242,17 @@ fn read_object(
     } else {
         gimli::RunTimeEndian::Big
     };
-    let sections = gimli::DwarfSections::load(|id| load_section(&file, id)).map_err(malformed)?;
+    let sections =
+        gimli::DwarfSections::load(|id| load_section(&file, id)).map_err(|e| match e {
+            SectionError::Object(source) => malformed(source),
+            SectionError::TooLarge { section, size } => LayoutError::SectionTooLarge {
+                path: path.to_owned(),
+                member: member.map(str::to_owned),
+                section,
+                size,
+                limit: MAX_UNCOMPRESSED,
+            },
+        })?;
     let dwarf = sections.borrow(|(data, relocations): &(Cow<'_, [u8]>, RelocationMap)| {
         SectionReader::new(
             gimli::EndianSlice::new(data, endian),
@@ -258,16 +268,47 @@ fn read_object(
     Ok((!graph.is_empty()).then_some(graph))
 }
 
+/// The most bytes one compressed debug section may inflate to. Real ones
+/// are megabytes; a header that claims more is corrupt, and inflating it
+/// would ask the allocator for whatever it says.
+const MAX_UNCOMPRESSED: u64 = 1 << 30;
+
+/// Why a debug section could not be loaded.
+#[derive(Debug)]
+enum SectionError {
+    /// The object parser refused it.
+    Object(object::Error),
+    /// A compressed section claims more than [`MAX_UNCOMPRESSED`] bytes.
+    TooLarge { section: &'static str, size: u64 },
+}
+
+impl From<object::Error> for SectionError {
+    fn from(e: object::Error) -> Self {
+        SectionError::Object(e)
+    }
+}
+
 /// The (decompressed) bytes of one DWARF section and its relocations; empty
 /// if the object has no such section.
 fn load_section<'data>(
     file: &object::File<'data>,
     id: gimli::SectionId,
-) -> Result<(Cow<'data, [u8]>, RelocationMap), object::Error> {
+) -> Result<(Cow<'data, [u8]>, RelocationMap), SectionError> {
     let Some(section) = file.section_by_name(id.name()) else {
         return Ok((Cow::Borrowed(&[]), RelocationMap::default()));
     };
-    let data = section.uncompressed_data()?;
+    // The size a compressed section's header claims is checked before
+    // anything is allocated for it.
+    let compressed = section.compressed_data()?;
+    if compressed.format != object::CompressionFormat::None
+        && compressed.uncompressed_size > MAX_UNCOMPRESSED
+    {
+        return Err(SectionError::TooLarge {
+            section: id.name(),
+            size: compressed.uncompressed_size,
+        });
+    }
+    let data = compressed.decompress()?;
     let mut relocations = RelocationMap::default();
     for (offset, relocation) in section.relocations() {
         // Only absolute relocations matter to the entries rflayout reads
@@ -284,6 +325,21 @@ fn load_section<'data>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An input the fuzzer found: a compressed debug section whose header
+    /// claims about 2^60 bytes uncompressed. Inflating it asked the
+    /// allocator for that much (AddressSanitizer aborts on the request);
+    /// it is refused before anything is allocated.
+    #[test]
+    fn a_compressed_section_claiming_too_much_is_refused() {
+        let data = include_bytes!("../../tests/data/compressed_section_claims_too_much.elf");
+        let err = parse(data).expect_err("refused");
+        assert!(
+            matches!(err, LayoutError::SectionTooLarge { size, .. } if size > MAX_UNCOMPRESSED),
+            "{err}"
+        );
+        assert!(err.to_string().contains("claims"), "{err}");
+    }
 
     fn parse(data: &[u8]) -> Result<Binary, LayoutError> {
         Binary::parse(Path::new("input.bin"), data)

@@ -45,6 +45,26 @@ pub enum LayoutError {
         #[source]
         source: object::Error,
     },
+    /// A compressed debug section claims more bytes than rflayout will
+    /// inflate (a corrupt or hostile header; real sections are far
+    /// smaller).
+    #[error(
+        "{}{}: section {section} claims {size} bytes uncompressed (at most {limit})",
+        path.display(),
+        member_suffix(member)
+    )]
+    SectionTooLarge {
+        /// The file.
+        path: PathBuf,
+        /// The archive member, when the file is an archive.
+        member: Option<String>,
+        /// The section's name.
+        section: &'static str,
+        /// The uncompressed size its header claims.
+        size: u64,
+        /// The most rflayout inflates.
+        limit: u64,
+    },
     /// The file is an `ar` archive whose member headers or sizes are
     /// corrupt (for example a truncated `.rlib`).
     #[error("{}: malformed archive: {message}", path.display())]
