@@ -23,7 +23,7 @@
  *   ./put_rate [samples] [puts per sample]
  */
 #define _GNU_SOURCE
-#include <ringfence.h>
+#include "../examples/common.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,37 +35,6 @@
 
 #define BATCH 32
 #define WINDOW (2u << 20)
-
-#define TRY(call)                                                                         \
-    do {                                                                                  \
-        int rc_ = (call);                                                                 \
-        if (rc_ < 0) {                                                                    \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, rf_strerror(rc_)); \
-            exit(1);                                                                      \
-        }                                                                                 \
-    } while (0)
-
-static void send_all(int fd, const void *p, size_t len)
-{
-    for (const char *b = p; len > 0;) {
-        ssize_t n = write(fd, b, len);
-        if (n <= 0)
-            exit(1);
-        b += n;
-        len -= (size_t)n;
-    }
-}
-
-static void recv_all(int fd, void *p, size_t len)
-{
-    for (char *b = p; len > 0;) {
-        ssize_t n = read(fd, b, len);
-        if (n <= 0)
-            exit(1);
-        b += n;
-        len -= (size_t)n;
-    }
-}
 
 static rf_worker_t shm_worker(void)
 {

@@ -1,4 +1,4 @@
-/* What the examples share: a check that exits on an RF_E* status, and
+/* What the examples and the C bench share: a check that exits on an RF_E* status, and
    whole-buffer writes and reads on the socket that carries their offers. */
 #ifndef RINGFENCE_EXAMPLES_COMMON_H
 #define RINGFENCE_EXAMPLES_COMMON_H

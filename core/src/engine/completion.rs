@@ -57,7 +57,7 @@ impl Engine {
     /// applied, fails its endpoint with, if it does ([`Fails`]).
     pub(super) fn endpoint_failure(&self, status: Status) -> Option<Status> {
         match self.verdict {
-            Fails::ByStatus => is_fatal(status).then_some(status),
+            Fails::ByStatus => fails_endpoint(status).then_some(status),
             Fails::Operation | Fails::Lost => None,
             Fails::Endpoint(cause) => Some(cause),
         }

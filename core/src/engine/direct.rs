@@ -220,7 +220,7 @@ impl Engine {
         }
         self.count(e, ran as u64, bytes, errors);
         if let Some(&Err(status)) = self.run_results[..ran].last() {
-            if is_fatal(status) {
+            if fails_endpoint(status) {
                 self.fail_endpoint(e, status);
             }
         }
@@ -371,7 +371,7 @@ impl Engine {
     #[inline(never)]
     pub(super) fn ran_now_failed(&mut self, e: usize, status: Status) {
         self.count(e, 1, 0, 1);
-        if is_fatal(status) {
+        if fails_endpoint(status) {
             self.fail_endpoint(e, status);
             for q in &mut self.queues {
                 q.publish();
@@ -428,7 +428,7 @@ impl Engine {
                 self.count(e, 1, bytes, error);
                 self.queues[qi].finish(sqe.user_data, result, skip_success, &mut self.stats);
                 if let Err(status) = result {
-                    if is_fatal(status) {
+                    if fails_endpoint(status) {
                         self.fail_endpoint(e, status);
                     }
                 }

@@ -51,7 +51,7 @@
 use crate::config::Config;
 use crate::driver::{
     Completion, Connect, Driver, DriverContext, DriverError, DriverMemKey, DriverRkey, Fails,
-    LaneMask, Op, OpKind, Posted, Quiesce, Quiesced, Sleep, Token,
+    LaneMask, Op, OpKind, Posted, Quiesce, Quiesced, Sleep, Token, fails_endpoint,
 };
 use crate::endpoint::{
     CONNECTING, Endpoint, EndpointCold, EpState, FlushParts, LaneGroup, MIXED, NO_LANE, NOT_DIRECT,
@@ -113,13 +113,6 @@ pub(crate) use quiet::QuietPart;
 use release::Parked;
 pub use release::UnreleasedMemory;
 use token::TokenTarget;
-
-/// Whether an error fails the whole endpoint (the connection is unusable)
-/// rather than only the operation (the target refused this access), by
-/// its status alone: the documented rule of the seam.
-pub(super) fn is_fatal(status: Status) -> bool {
-    crate::driver::fails_endpoint(status)
-}
 
 /// `a ≤ b` for 32-bit epoch snapshots (wrapping).
 pub(super) fn epoch_le(a: u32, b: u32) -> bool {

@@ -466,7 +466,7 @@ impl Worker {
                 Ok(Unpacked::Key(rkey)) => entry.parts[gi] = Some(rkey),
                 Ok(Unpacked::Unreachable) => {}
                 Err(source) => {
-                    release_parts(&mut engine, &groups, &entry);
+                    engine.release_rkey_parts(&entry);
                     return Err(Error::Driver {
                         driver: drivers[driver].name,
                         op: "unpack_rkey",
@@ -481,7 +481,7 @@ impl Worker {
             )));
         }
         engine.rkeys.insert(entry).map_err(|status| {
-            release_parts(&mut engine, &groups, &entry);
+            engine.release_rkey_parts(&entry);
             Error::Status {
                 op: "unpack_rkey",
                 status,
@@ -551,15 +551,6 @@ fn withdraw_unused(
         _owned: owned,
     };
     engine.park(None, registration, w);
-}
-
-/// Releases the driver parts of a key that was never handed out.
-fn release_parts(engine: &mut Engine, groups: &[(usize, DriverEp)], entry: &Rkey) {
-    for (&(driver, driver_ep), part) in groups.iter().zip(entry.parts) {
-        if let Some(rkey) = part {
-            engine.drivers[driver].release_rkey(driver_ep, rkey);
-        }
-    }
 }
 
 /// What a driver is given of a decoded key part.
