@@ -412,7 +412,7 @@ pub(crate) struct EndpointCold {
     /// holds the lanes whose count is non-zero).
     pub covering: Vec<u16>,
     /// This endpoint's parts of worker flushes in flight.
-    pub quiet_parts: Vec<crate::engine::QuietPart>,
+    pub quiet_parts: Vec<QuietPart>,
 }
 
 impl EndpointCold {
@@ -458,6 +458,27 @@ impl EndpointCold {
             .enumerate()
             .find(|(_, g)| lane >= g.first && lane - g.first < g.lanes)
     }
+}
+
+/// One endpoint's part of a worker flush.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct QuietPart {
+    /// The worker flush's request.
+    pub flush: u32,
+    pub state: PartState,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PartState {
+    /// Waits for request `.0`, the endpoint's last queued one when the
+    /// worker flush was taken, to leave the queue.
+    After(u32),
+    /// To start at the next dispatch (the driver had no room).
+    Ready,
+    /// The driver flush is in flight; it took these lanes out of D.
+    Started(LaneMask),
+    /// Waits for the endpoint's close.
+    UntilClosed,
 }
 
 #[cfg(test)]

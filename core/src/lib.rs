@@ -60,14 +60,15 @@ pub use config::Config;
 pub use driver::{
     AtomicDomain, AtomicOps, Capabilities, Completion, Connect, DirectPath, Driver, DriverContext,
     DriverEp, DriverError, DriverMemKey, DriverMemory, DriverRkey, Fails, KeyPart, LaneMask,
-    MAX_LANES, MemDesc, Op, OpKind, PeerLimits, Posted, Prepare, Prepared, Quiesce, Quiesced,
-    Registered, Sleep, Token, Unpacked, drain_completions, execute_by_post, fails_endpoint,
+    MAX_LANES, MemDesc, MemKind, MemKinds, Op, OpKind, PeerLimits, Posted, Prepare, Prepared,
+    Quiesce, Quiesced, Registered, Sleep, Token, Unpacked, drain_completions, execute_by_post,
+    fails_endpoint,
 };
 pub use endpoint::{EndpointId, EndpointState, FenceState};
 pub use engine::UnreleasedMemory;
 pub use error::Error;
 pub use loopback::{CompletionMode, Loopback};
-pub use memory::{MemHandle, MemKind, MemKinds, RkeyId};
+pub use memory::{MemHandle, RkeyId};
 pub use request::{MAX_QUEUES, MAX_REQUESTS};
 pub use ringfence_ring::{Cqe, Sqe, Status};
 pub use stats::Stats;

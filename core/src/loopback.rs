@@ -18,12 +18,13 @@
 #![allow(unsafe_code)]
 
 use crate::NotifyPool;
+use crate::driver::MemKinds;
 use crate::driver::{
     Capabilities, Completion, Connect, DirectPath, Driver, DriverContext, DriverEp, DriverError,
     DriverMemKey, DriverRkey, KeyPart, LaneMask, MemDesc, Op, OpKind, PeerLimits, Posted, Prepared,
     Registered, Token, Unpacked, execute_by_post,
 };
-use crate::memory::{MemKinds, within};
+use crate::memory::within;
 use crate::sys::{mem, peer};
 use ringfence_ring::{AtomicOp, Status};
 use std::collections::{HashMap, VecDeque};

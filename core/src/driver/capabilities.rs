@@ -3,7 +3,7 @@
 //! memory kinds; and what a connected peer accepts ([`PeerLimits`]).
 
 use super::MAX_LANES;
-use crate::memory::{MemKind, MemKinds};
+use super::{MemKind, MemKinds};
 use ringfence_ring::AtomicOp;
 #[cfg(doc)]
 use {super::Driver, super::Registered, ringfence_ring::Status};

@@ -7,8 +7,8 @@
 // memory); no unsafe code runs here.
 #![allow(unsafe_code)]
 
+use super::MemKind;
 use super::{DriverEp, DriverError};
-use crate::memory::MemKind;
 use std::fmt;
 #[cfg(doc)]
 use {

@@ -63,6 +63,7 @@
 mod capabilities;
 mod completion;
 mod direct;
+mod kind;
 mod memory;
 
 pub use capabilities::{AtomicDomain, AtomicOps, Capabilities, PeerLimits};
@@ -70,13 +71,13 @@ pub use completion::{
     Completion, Connect, Fails, Posted, Quiesce, Quiesced, Token, drain_completions, fails_endpoint,
 };
 pub use direct::{DirectPath, execute_by_post};
+pub use kind::{MemKind, MemKinds};
 pub use memory::{
     DriverMemKey, DriverMemory, DriverRkey, KeyPart, MemDesc, Prepare, Prepared, Registered,
     Unpacked,
 };
 
 use crate::NotifyPool;
-use crate::memory::MemKind;
 use ringfence_ring::{AtomicOp, Status};
 use std::fmt;
 use std::os::fd::BorrowedFd;

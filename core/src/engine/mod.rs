@@ -109,7 +109,6 @@ mod token;
 use direct::{OpKeys, Resolved, is_rma};
 use intake::rma_shape;
 pub(crate) use queue::EngineQueue;
-pub(crate) use quiet::QuietPart;
 use release::Parked;
 pub use release::UnreleasedMemory;
 use token::TokenTarget;

@@ -24,27 +24,7 @@
 //! flush cleans the lanes it covered, as a user FLUSH does (W2).
 
 use super::*;
-
-/// One endpoint's part of a worker flush.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct QuietPart {
-    /// The worker flush's request.
-    pub flush: u32,
-    pub state: PartState,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum PartState {
-    /// Waits for request `.0`, the endpoint's last queued one when the
-    /// worker flush was taken, to leave the queue.
-    After(u32),
-    /// To start at the next dispatch (the driver had no room).
-    Ready,
-    /// The driver flush is in flight; it took these lanes out of D.
-    Started(LaneMask),
-    /// Waits for the endpoint's close.
-    UntilClosed,
-}
+use crate::endpoint::{PartState, QuietPart};
 
 impl Engine {
     /// Takes worker flush `id`: one part per endpoint with something to

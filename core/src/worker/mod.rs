@@ -1,6 +1,7 @@
 //! The worker: the public face of the engine.
 
 use crate::config::Config;
+use crate::driver::MemKind;
 use crate::driver::{
     Capabilities, Driver, DriverEp, DriverMemKey, KeyPart, MAX_LANES, MemDesc, Prepare, Prepared,
     Registered, Unpacked,
@@ -9,7 +10,7 @@ use crate::endpoint::{EndpointId, EndpointState, FenceState};
 use crate::engine::{Engine, EngineQueue, UnreleasedMemory};
 use crate::error::Error;
 use crate::limits;
-use crate::memory::{MAX_GROUPS, MemHandle, MemKind, Registration, Rkey, RkeyId, blob};
+use crate::memory::{MAX_GROUPS, MemHandle, Registration, Rkey, RkeyId, blob};
 use crate::request::MAX_QUEUES;
 use crate::stats::Stats;
 use crate::sys::mem::OwnedMem;
