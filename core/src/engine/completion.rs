@@ -1,7 +1,12 @@
 //! Driver completions: polled, matched to what is in flight, and applied
 //! to their endpoints.
 
-use super::*;
+use super::token::TokenTarget;
+use super::{Engine, POLL_BATCHES};
+use crate::driver::{Completion, Fails, fails_endpoint};
+use crate::endpoint::{CONNECTING, EpState, FlushParts, MIXED, NO_LANE, QUIET};
+use crate::request::{RequestId, State};
+use ringfence_ring::{Opcode, Status};
 
 impl Engine {
     /// Polls every driver for at most [`POLL_BATCHES`] full batches and

@@ -1,8 +1,13 @@
 //! Connecting endpoints: the drivers run their handshakes; the engine
 //! queues what is submitted meanwhile and starts it once the endpoint is up.
 
-use super::*;
+use super::token::TokenTarget;
+use super::{Engine, MAX_NOTIFY_LEN};
 use crate::driver::DriverEp;
+use crate::driver::{Connect, DriverError};
+use crate::endpoint::{CONNECTING, Endpoint, EndpointCold, EpState, LaneGroup, MIXED};
+use crate::request::{NONE, RequestId};
+use ringfence_ring::Status;
 
 impl Engine {
     /// Starts connecting to one peer over `groups`, each `(driver index,
@@ -26,8 +31,7 @@ impl Engine {
         // is held, and endpoints are only ever appended. The attempt's
         // serial tells this attempt from an earlier one refused at once,
         // which had the same index (its handshakes come back canceled).
-        self.connect_attempts = self.connect_attempts.wrapping_add(1);
-        let attempt = self.connect_attempts;
+        let attempt = self.serials.next_connect();
         let token = TokenTarget::Connect {
             endpoint: self.endpoints.len(),
             attempt,
@@ -67,11 +71,11 @@ impl Engine {
             .groups
             .iter()
             .rev()
-            .map(|g| &self.capabilities[g.driver as usize])
+            .map(|g| self.drivers.caps(g.driver as usize))
             .find(|caps| !caps.atomic_ops.is_empty())
             .map(|caps| caps.atomic_domain);
         cold.notify_max = match cold.groups[..] {
-            [one] => MAX_NOTIFY_LEN.min(self.capabilities[one.driver as usize].max_len),
+            [one] => MAX_NOTIFY_LEN.min(self.drivers.caps(one.driver as usize).max_len),
             _ => MAX_NOTIFY_LEN,
         };
         let e = self.add_endpoint(ep, cold);

@@ -5,7 +5,13 @@
 // Hands admitted operations to the driver's unsafe `execute`.
 #![allow(unsafe_code)]
 
-use super::*;
+use super::Engine;
+use super::intake::rma_shape;
+use crate::driver::{DriverMemKey, DriverRkey, Op, OpKind, Posted, fails_endpoint};
+use crate::endpoint::{EpState, NOT_DIRECT};
+use crate::memory::within;
+use crate::request::{NONE, Request, RequestId, State};
+use ringfence_ring::{Opcode, Sqe, SqeFlags, Status};
 
 /// A PUT or GET: an SQE the direct path may take.
 #[inline]
@@ -105,6 +111,28 @@ pub(super) struct OpKeys {
     pub(super) local: Option<DriverMemKey>,
     pub(super) remote: Option<(DriverRkey, u64)>,
 }
+/// The direct path's state: its cached lookups and one run's buffers.
+#[derive(Debug)]
+pub(super) struct DirectRun {
+    /// The direct path's lookups, valid until a registration is removed.
+    pub(super) resolved: Resolved,
+    /// A run's operations for `DirectPath::execute`, and their results
+    /// (both allocated once, for a whole intake batch).
+    ops: Vec<Op>,
+    results: Box<[Result<u32, Status>]>,
+}
+
+impl DirectRun {
+    /// Buffers for runs of up to `batch` operations.
+    pub(super) fn new(batch: usize) -> DirectRun {
+        DirectRun {
+            resolved: Resolved::NONE,
+            ops: Vec::with_capacity(batch),
+            results: vec![Ok(0); batch].into_boxed_slice(),
+        }
+    }
+}
+
 impl Engine {
     /// Whether `sqe` may take the direct path: a valid PUT or GET on an
     /// endpoint that is connected with nothing queued (R18) and no boundary
@@ -134,12 +162,12 @@ impl Engine {
         {
             return None;
         }
-        let keys = match self.resolved.admits(sqe, opcode) {
+        let keys = match self.run.resolved.admits(sqe, opcode) {
             Some(keys) => keys,
             None => {
                 let mut keys = OpKeys::default();
                 self.check_rma(sqe, opcode, ep.driver, &mut keys).ok()?;
-                self.resolved = self.resolve(sqe, ep.driver, keys);
+                self.run.resolved = self.resolve(sqe, ep.driver, keys);
                 keys
             }
         };
@@ -169,7 +197,7 @@ impl Engine {
             let Some(ep) = self.endpoints.get(sqe.endpoint as usize) else {
                 return false;
             };
-            return self.direct[ep.driver as usize]
+            return self.drivers.has_direct(ep.driver as usize)
                 && ep.peek_data_lane(sqe.len, threshold) == 0
                 && self.direct(sqe).is_some();
         }
@@ -178,7 +206,7 @@ impl Engine {
         sqe.endpoint == run_ep
             && sqe.flags().is_ok()
             && self.endpoints[run_ep as usize].peek_data_lane(sqe.len, threshold) == 0
-            && self.resolved.covers(sqe, opcode)
+            && self.run.resolved.covers(sqe, opcode)
     }
 
     /// `extends_run` for the first SQE of a run, from the kept lookups
@@ -190,8 +218,8 @@ impl Engine {
         let Some(ep) = self.endpoints.get(sqe.endpoint as usize) else {
             return false;
         };
-        self.resolved.execute
-            && self.resolved.covers(sqe, opcode)
+        self.run.resolved.execute
+            && self.run.resolved.covers(sqe, opcode)
             && sqe.flags().is_ok()
             && ep.head == NONE
             && ep.epochs_admit(0)
@@ -210,7 +238,7 @@ impl Engine {
         let e = sqes[0].endpoint as usize;
         let ran = self.execute_ops(e, sqes);
         let (mut bytes, mut errors) = (0u64, 0u64);
-        for (sqe, &result) in sqes[..ran].iter().zip(&self.run_results[..ran]) {
+        for (sqe, &result) in sqes[..ran].iter().zip(&self.run.results[..ran]) {
             let skip = sqe.flags & SqeFlags::SKIP_SUCCESS.bits() != 0;
             match result {
                 Ok(n) => bytes += u64::from(n),
@@ -219,7 +247,7 @@ impl Engine {
             self.queues[qi].finish(sqe.user_data, result, skip, &mut self.stats);
         }
         self.count(e, ran as u64, bytes, errors);
-        if let Some(&Err(status)) = self.run_results[..ran].last() {
+        if let Some(&Err(status)) = self.run.results[..ran].last() {
             if fails_endpoint(status) {
                 self.fail_endpoint(e, status);
             }
@@ -233,7 +261,7 @@ impl Engine {
 
     /// Hands `sqes` (PUTs and GETs of endpoint `e` on lane 0, with the keys
     /// in `resolved`) to the driver's `execute`; returns how many it ran,
-    /// their results in `run_results`. Marks lane 0 dirty first (R14), with
+    /// their results in `run.results`. Marks lane 0 dirty first (R14), with
     /// its generation (R38).
     #[inline]
     pub(super) fn execute_ops(&mut self, e: usize, sqes: &[Sqe]) -> usize {
@@ -243,7 +271,7 @@ impl Engine {
             let generation = self.drivers[driver].lane_generation(driver_ep, 0);
             self.newly_dirty(e, 0, generation);
         }
-        let keys = self.resolved.keys;
+        let keys = self.run.resolved.keys;
         let op = |sqe: &Sqe| Op {
             kind: if sqe.opcode == Opcode::PUT.as_raw() {
                 OpKind::Put
@@ -270,21 +298,21 @@ impl Engine {
             // cannot be removed during the call (the engine lock is held).
             return match unsafe { driver.execute_one(driver_ep, &op(sqe)) } {
                 Some(result) => {
-                    self.run_results[0] = result;
+                    self.run.results[0] = result;
                     1
                 }
                 None => 0,
             };
         }
-        self.run_ops.clear();
-        self.run_ops.extend(sqes.iter().map(op));
+        self.run.ops.clear();
+        self.run.ops.extend(sqes.iter().map(op));
         // SAFETY: as for a run of one: every SQE of the run was admitted
         // against the same registration, which stays for the call.
         let ran = unsafe {
             driver.execute(
                 driver_ep,
-                &self.run_ops,
-                &mut self.run_results[..sqes.len()],
+                &self.run.ops,
+                &mut self.run.results[..sqes.len()],
             )
         };
         ran.min(sqes.len())
@@ -300,12 +328,12 @@ impl Engine {
     /// `None`: nothing was done, and nothing was counted.
     pub(crate) fn run_now(&mut self, qi: usize, sqe: &Sqe) -> Option<Result<u32, Status>> {
         rma_opcode(sqe)?;
-        if self.resolved.removals != self.mem.removals() {
-            self.resolved = Resolved::NONE;
+        if self.run.resolved.removals != self.mem.removals() {
+            self.run.resolved = Resolved::NONE;
         }
         self.prefetch(sqe);
         // `extends_run` tries the kept lookups first (`starts_as_run`).
-        let admitted = self.extends_run(sqe, 0, sqe.endpoint) && self.resolved.execute;
+        let admitted = self.extends_run(sqe, 0, sqe.endpoint) && self.run.resolved.execute;
         let q = &mut self.queues[qi];
         if self.shut_down || q.broken || !matches!(q.sq.ready(), Ok(0)) {
             return None;
@@ -324,7 +352,7 @@ impl Engine {
         if self.execute_ops(e, std::slice::from_ref(sqe)) == 0 {
             return None;
         }
-        let result = self.run_results[0];
+        let result = self.run.results[0];
         match result {
             Ok(n) => self.count(e, 1, u64::from(n), 0),
             Err(status) => self.ran_now_failed(e, status),
@@ -338,7 +366,7 @@ impl Engine {
     /// checks the SQE. Only a hint: nothing is accessed before the checks.
     #[inline]
     pub(super) fn prefetch(&mut self, sqe: &Sqe) {
-        let r = &self.resolved;
+        let r = &self.run.resolved;
         let Some((rkey, _)) = r.keys.remote else {
             return;
         };
@@ -463,7 +491,7 @@ impl Engine {
     /// endpoint, registration and remote key as `sqe`, which passed
     /// `check_rma` with `keys`.
     pub(super) fn resolve(&self, sqe: &Sqe, driver: u8, keys: OpKeys) -> Resolved {
-        let caps = &self.capabilities[driver as usize];
+        let caps = self.drivers.caps(driver as usize);
         match (
             self.mem.get(sqe.local_mem),
             self.rkeys.get(sqe.rkey, sqe.endpoint),
@@ -474,7 +502,7 @@ impl Engine {
                 rkey: sqe.rkey,
                 max_len: caps.max_len,
                 get: caps.get,
-                execute: self.direct[driver as usize],
+                execute: self.drivers.has_direct(driver as usize),
                 removals: self.mem.removals(),
                 local: (local.base, local.len),
                 remote: (remote.base, remote.len),

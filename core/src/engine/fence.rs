@@ -1,7 +1,12 @@
-//! The fence engine proper: epochs, the deferred FIFO, dispatch, and the
-//! boundary actions (docs/fence.md §2–§4).
+//! The fence engine proper: epochs and the boundary actions (docs/fence.md
+//! §2–§4); the deferred FIFO and dispatch are in `dispatch.rs`.
 
-use super::*;
+use super::token::TokenTarget;
+use super::{Engine, FlushCause, REPLACED, Started, epoch_le};
+use crate::driver::{LaneMask, Posted, Token};
+use crate::endpoint::{EpState, MIXED, NO_LANE, STRONG_ARMED, WEAK_FLAG_OWED};
+use crate::request::{NONE, Request, RequestId};
+use ringfence_ring::{FenceMode, Opcode, Status};
 
 impl Engine {
     /// Captures the request's epoch (R13) and starts it, or queues it behind
@@ -36,7 +41,7 @@ impl Engine {
             // takes the weak path when the NOTIFY's lane is the only dirty
             // one (R8), and a flush otherwise (R9).
             ep.submit_epoch += 1;
-            let ordered = !ep.has(MIXED) && self.capabilities[ep.driver as usize].notify_ordered;
+            let ordered = !ep.has(MIXED) && self.drivers.caps(ep.driver as usize).notify_ordered;
             if !ordered {
                 ep.set(STRONG_ARMED, true);
             }
@@ -104,113 +109,6 @@ impl Engine {
         // close does.
         let result = self.close_status(e, Ok(0));
         self.complete(id, result);
-    }
-
-    pub(super) fn push_tail(&mut self, e: usize, id: RequestId) {
-        self.request_mut(id).next = NONE;
-        let tail = self.endpoints[e].tail;
-        if tail == NONE {
-            self.endpoints[e].head = id.0;
-        } else {
-            self.request_mut(RequestId(tail)).next = id.0;
-        }
-        self.endpoints[e].tail = id.0;
-    }
-
-    pub(super) fn push_head(&mut self, e: usize, id: RequestId) {
-        let head = self.endpoints[e].head;
-        self.request_mut(id).next = head;
-        self.endpoints[e].head = id.0;
-        if head == NONE {
-            self.endpoints[e].tail = id.0;
-        }
-    }
-
-    pub(super) fn pop_head(&mut self, e: usize) -> Option<RequestId> {
-        let head = self.endpoints[e].head;
-        if head == NONE {
-            return None;
-        }
-        let id = RequestId(head);
-        let next = self.request(id).next;
-        self.endpoints[e].head = next;
-        if next == NONE {
-            self.endpoints[e].tail = NONE;
-        }
-        Some(id)
-    }
-
-    pub(super) fn schedule(&mut self, e: usize) {
-        if !self.endpoints[e].has(SCHEDULED) {
-            self.endpoints[e].set(SCHEDULED, true);
-            self.scheduled.push(e as u32);
-        }
-    }
-
-    pub(super) fn dispatch_scheduled(&mut self) -> usize {
-        if self.scheduled.is_empty() {
-            return 0;
-        }
-        std::mem::swap(&mut self.scheduled, &mut self.scheduled_next);
-        let mut work = 0;
-        for i in 0..self.scheduled_next.len() {
-            let e = self.scheduled_next[i] as usize;
-            self.endpoints[e].set(SCHEDULED, false);
-            work += self.dispatch(e);
-        }
-        self.scheduled_next.clear();
-        work
-    }
-
-    /// Starts queued requests of endpoint `e` whose epoch is admitted, and
-    /// the boundary flush that admits the next epoch (R19).
-    pub(super) fn dispatch(&mut self, e: usize) -> usize {
-        if self.endpoints[e].has(MIXED) {
-            // Flush parts a driver had no room for.
-            self.retry_parts(e);
-        }
-        if self.endpoints[e].has(QUIET) {
-            self.service_parts(e);
-        }
-        let mut started = 0;
-        while matches!(
-            self.endpoints[e].state,
-            EpState::Connected | EpState::Closing
-        ) && !self.endpoints[e].is_connecting()
-        {
-            let head = self.endpoints[e].head;
-            if head == NONE {
-                break;
-            }
-            let epoch = self.request(RequestId(head)).epoch;
-            if self.admitted(RequestId(head)) {
-                if started == DISPATCH_BATCH {
-                    self.schedule(e);
-                    break;
-                }
-                let id = self.pop_head(e).expect("head checked above");
-                started += 1;
-                if self.start(id) == Started::Blocked {
-                    self.push_head(e, id);
-                    self.schedule(e);
-                    break;
-                }
-                if self.endpoints[e].has(QUIET) {
-                    self.left_queue(e, id);
-                }
-                continue;
-            }
-            let ep = &self.endpoints[e];
-            if ep.flushing != 0 {
-                break; // R16: its completion reschedules us.
-            }
-            // The exact target epoch: the head's own (R15, R16).
-            let target = ep.full_epoch(epoch);
-            if !self.cross_boundary(e, RequestId(head), target) {
-                break;
-            }
-        }
-        started as usize
     }
 
     /// Whether request `id` may start now (R14): its epoch is admitted; or a

@@ -1,7 +1,13 @@
 //! Intake: SQEs taken from the SQs, validated, and handed to their
 //! endpoints (or the direct path).
 
-use super::*;
+use super::direct::{OpKeys, Resolved, is_rma};
+use super::{Engine, INTAKE_BATCH};
+use crate::driver::DriverRkey;
+use crate::endpoint::{EpState, MIXED};
+use crate::memory::{Rkey, within};
+use crate::request::{Request, RequestId};
+use ringfence_ring::{AtomicOp, FlushScope, Opcode, Sqe, Status};
 
 impl Engine {
     pub(super) fn intake(&mut self, qi: usize) -> usize {
@@ -16,9 +22,9 @@ impl Engine {
         // A buffer kept across rounds: zeroing 4 KiB on every round costs
         // more than a small batch's processing.
         let mut sqes = std::mem::take(&mut self.sqe_scratch);
-        if self.resolved.removals != self.mem.removals() {
+        if self.run.resolved.removals != self.mem.removals() {
             // A registration went away since the lookups were made.
-            self.resolved = Resolved::NONE;
+            self.run.resolved = Resolved::NONE;
         }
         let q = &mut self.queues[qi];
         // An SQ that looks empty also has its shared head checked (only
@@ -147,7 +153,7 @@ impl Engine {
         // On an endpoint with lanes on several drivers, what the drivers
         // support is checked per lane group at the end (`mixed_lane`).
         let mixed = ep.has(MIXED);
-        let caps = &self.capabilities[ep.driver as usize];
+        let caps = self.drivers.caps(ep.driver as usize);
         let mut request = Request::from_sqe(sqe, opcode, ep_index as u16, flags);
         let len = u64::from(sqe.len);
         match opcode {
@@ -241,7 +247,7 @@ impl Engine {
         driver: u8,
         keys: &mut OpKeys,
     ) -> Result<(), Status> {
-        let caps = &self.capabilities[driver as usize];
+        let caps = self.drivers.caps(driver as usize);
         rma_shape(sqe, opcode, caps.get, caps.max_len)?;
         let len = u64::from(sqe.len);
         let local = self.mem.check(sqe.local_mem, sqe.local_addr, len)?;

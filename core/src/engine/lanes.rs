@@ -18,8 +18,12 @@
 //!   lanes, each of exactly that group's lanes, and completes when all of
 //!   them have (`FlushParts`).
 
-use super::*;
+use super::Engine;
 use crate::driver::DriverEp;
+use crate::driver::{Fails, LaneMask, Posted, Token};
+use crate::endpoint::{FlushParts, LaneGroup, MIXED};
+use crate::request::{Request, RequestId};
+use ringfence_ring::{AtomicOp, Opcode, Status};
 
 /// What a flush part's completion meant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,7 +88,7 @@ impl Engine {
             _ => None,
         };
         let eligible = |gi: usize, g: &LaneGroup| {
-            let caps = &self.capabilities[g.driver as usize];
+            let caps = self.drivers.caps(g.driver as usize);
             let runs = match opcode {
                 Opcode::PUT => r.len <= caps.max_len,
                 Opcode::GET => caps.get && r.len <= caps.max_len,

@@ -49,25 +49,14 @@
 //! replaced is repeated before C moves (R39).
 
 use crate::config::Config;
-use crate::driver::{
-    Completion, Connect, Driver, DriverContext, DriverError, DriverMemKey, DriverRkey, Fails,
-    LaneMask, Op, OpKind, Posted, Quiesce, Quiesced, Sleep, Token, fails_endpoint,
-};
-use crate::endpoint::{
-    CONNECTING, Endpoint, EndpointCold, EpState, FlushParts, LaneGroup, MIXED, NO_LANE, NOT_DIRECT,
-    QUIET, SCHEDULED, STRONG_ARMED, WEAK_FLAG_OWED,
-};
-use crate::memory::{MemRegistry, Rkey, RkeyTable, within};
-use crate::request::{NONE, Pool, Request, RequestId, State};
+use crate::driver::{Completion, Driver, Fails};
+use crate::endpoint::{Endpoint, EndpointCold, MIXED};
+use crate::memory::{MemRegistry, RkeyTable};
+use crate::request::{Request, RequestId};
 use crate::stats::Stats;
-use crate::sys::notify::{Delivery, NotifyPool};
-use ringfence_ring::{
-    AtomicOp, CQE_BUFFER_SHIFT, Consumer, Cqe, CqeFlags, Doorbell, FenceMode, FlushScope, Opcode,
-    Producer, RingError, Sqe, SqeFlags, Status,
-};
-use std::collections::VecDeque;
+use crate::sys::notify::NotifyPool;
+use ringfence_ring::Sqe;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 /// SQEs taken from one queue pair per round.
 const INTAKE_BATCH: usize = 64;
@@ -96,6 +85,8 @@ pub(super) enum FlushCause {
 mod completion;
 mod connect;
 mod direct;
+mod dispatch;
+mod drivers;
 mod fence;
 mod intake;
 mod lanes;
@@ -106,12 +97,13 @@ mod release;
 mod teardown;
 mod token;
 
-use direct::{OpKeys, Resolved, is_rma};
-use intake::rma_shape;
+use direct::DirectRun;
+use dispatch::DispatchList;
+use drivers::{DriverSet, SleepAnswer};
 pub(crate) use queue::EngineQueue;
-use release::Parked;
+use release::Releases;
 pub use release::UnreleasedMemory;
-use token::TokenTarget;
+use token::Serials;
 
 /// `a ≤ b` for 32-bit epoch snapshots (wrapping).
 pub(super) fn epoch_le(a: u32, b: u32) -> bool {
@@ -132,18 +124,7 @@ pub(super) enum Started {
 #[derive(Debug)]
 pub(crate) struct Engine {
     pub(crate) config: Config,
-    pub(crate) drivers: Vec<Box<dyn Driver>>,
-    /// Each driver's capabilities, read once: validation consults them for
-    /// every SQE.
-    capabilities: Vec<crate::driver::Capabilities>,
-    /// Which drivers offer the direct path ([`Driver::direct`]), asked once.
-    direct: Vec<bool>,
-    /// Per driver: its last [`Driver::prepare_sleep`] answered
-    /// [`Sleep::WhenIdle`] (scratch of `prepare_drivers_sleep`).
-    when_idle: Vec<bool>,
-    /// The drivers were asked to prepare for sleep, and not yet told they
-    /// woke.
-    sleep_prepared: bool,
+    pub(crate) drivers: DriverSet,
     /// The core thread sleeps, and has not been woken yet. Set and cleared
     /// under the engine lock (by the core thread; cleared also by whoever
     /// takes the lock and rings the SQ doorbell meanwhile, see
@@ -157,17 +138,12 @@ pub(crate) struct Engine {
     pub(crate) notify: Arc<NotifyPool>,
     /// The queue pair that receives notifications (the first one created).
     notify_queue: Option<usize>,
-    scheduled: Vec<u32>,
-    scheduled_next: Vec<u32>,
+    dispatch_list: DispatchList,
     scratch: Box<[Completion]>,
     /// SQEs copied out of an SQ, one intake batch.
     sqe_scratch: Box<[Sqe]>,
-    /// The direct path's lookups, valid until a registration is removed.
-    resolved: Resolved,
-    /// A run's operations for `DirectPath::execute`, and their results (both
-    /// allocated once, for a whole intake batch).
-    run_ops: Vec<Op>,
-    run_results: Box<[Result<u32, Status>]>,
+    /// The direct path's lookups and run buffers.
+    run: DirectRun,
     pub(crate) stats: Stats,
     /// Completions whose token matched nothing in flight (a driver bug,
     /// or a late or duplicated flush completion).
@@ -179,45 +155,23 @@ pub(crate) struct Engine {
     /// Closed endpoints whose unpacked keys wait for their last operation
     /// in flight before they are released.
     closed_with_rkeys: Vec<usize>,
-    /// The serial of the last user flush started ([`TokenTarget::Flush`]).
-    flush_serial: u32,
-    /// The serial of the last worker flush taken ([`TokenTarget::WorkerPart`]).
-    worker_flush_serial: u32,
-    /// The serial of the last connect attempt ([`TokenTarget::Connect`]).
-    connect_attempts: u32,
-    /// Deregistered registrations a driver has not released yet (its
-    /// quiesce answered `Pending`): asked again every round while not
-    /// empty.
-    parked: Vec<Parked>,
-    /// Handles of application memory whose drivers have answered, until
-    /// the application deregisters it again (see `release`).
-    settled: Vec<(u32, release::Settled)>,
-    /// Registrations leaked (a driver answered `Leak`), and their bytes.
-    leaked: (u64, u64),
+    /// Serials of flushes and connect attempts, carried in their tokens.
+    serials: Serials,
+    /// Memory withdrawn from drivers that have not all released it.
+    releases: Releases,
     pub(crate) shut_down: bool,
 }
 
 impl Engine {
     pub(crate) fn new(
         config: Config,
-        mut drivers: Vec<Box<dyn Driver>>,
+        drivers: Vec<Box<dyn Driver>>,
         notify: Arc<NotifyPool>,
     ) -> Engine {
-        for d in &mut drivers {
-            d.attach(DriverContext {
-                notify: notify.clone(),
-            });
-        }
-        let capabilities = drivers.iter().map(|d| d.capabilities()).collect();
-        let direct = drivers.iter_mut().map(|d| d.direct().is_some()).collect();
-        let when_idle = vec![false; drivers.len()];
+        let drivers = DriverSet::attach(drivers, &notify);
         Engine {
             config,
             drivers,
-            capabilities,
-            direct,
-            when_idle,
-            sleep_prepared: false,
             core_asleep: false,
             queues: Vec::new(),
             endpoints: Vec::new(),
@@ -226,23 +180,16 @@ impl Engine {
             rkeys: RkeyTable::default(),
             notify,
             notify_queue: None,
-            scheduled: Vec::new(),
-            scheduled_next: Vec::new(),
+            dispatch_list: DispatchList::default(),
             scratch: vec![Completion::default(); POLL_BATCH].into_boxed_slice(),
             sqe_scratch: vec![Sqe::default(); INTAKE_BATCH].into_boxed_slice(),
-            resolved: Resolved::NONE,
-            run_ops: Vec::with_capacity(INTAKE_BATCH),
-            run_results: vec![Ok(0); INTAKE_BATCH].into_boxed_slice(),
+            run: DirectRun::new(INTAKE_BATCH),
             stats: Stats::default(),
             stray_completions: 0,
             verdict: Fails::ByStatus,
             closed_with_rkeys: Vec::new(),
-            flush_serial: 0,
-            worker_flush_serial: 0,
-            connect_attempts: 0,
-            parked: Vec::new(),
-            settled: Vec::new(),
-            leaked: (0, 0),
+            serials: Serials::default(),
+            releases: Releases::default(),
             shut_down: false,
         }
     }
@@ -257,8 +204,7 @@ impl Engine {
     pub(crate) fn add_endpoint(&mut self, ep: Endpoint, cold: EndpointCold) -> u32 {
         self.cold.push(cold);
         self.endpoints.push(ep);
-        self.scheduled.reserve(1);
-        self.scheduled_next.reserve(1);
+        self.dispatch_list.reserve_one();
         self.endpoints.len() as u32 - 1
     }
 
@@ -287,8 +233,8 @@ impl Engine {
         }
         work += self.dispatch_scheduled();
         work += self.poll_drivers();
-        if !self.parked.is_empty() {
-            work += self.reask_parked();
+        if !self.releases.none_parked() {
+            work += self.releases.reask(&mut self.drivers);
         }
         if !self.closed_with_rkeys.is_empty() {
             self.release_closed_rkeys();
@@ -299,9 +245,7 @@ impl Engine {
         work += self.post_notifications();
         // One doorbell per round: the drivers submit what this round
         // posted and flushed, together.
-        for d in &mut self.drivers {
-            d.commit();
-        }
+        self.drivers.commit();
         for q in &mut self.queues {
             q.publish();
         }
@@ -317,8 +261,8 @@ impl Engine {
     /// notifications are checked by [`prepare_sleep`](Engine::prepare_sleep)
     /// and `NotifyPool::begin_sleep`, after their flags are set.
     pub(crate) fn may_sleep(&self) -> bool {
-        self.scheduled.is_empty()
-            && self.parked.is_empty()
+        self.dispatch_list.is_empty()
+            && self.releases.none_parked()
             && self.queues.iter().all(|q| q.overflow.is_empty())
     }
 
@@ -331,37 +275,26 @@ impl Engine {
     /// may sleep before polling again (`None` inside: until woken), and
     /// [`drivers_woke`](Engine::drivers_woke) must follow the sleep.
     pub(crate) fn prepare_drivers_sleep(&mut self) -> Option<Option<std::time::Duration>> {
-        let mut timeout: Option<std::time::Duration> = None;
-        let mut stay = false;
-        let mut any_idle = false;
-        self.sleep_prepared = true;
-        for (d, driver) in self.drivers.iter_mut().enumerate() {
-            let answer = driver.prepare_sleep();
-            self.when_idle[d] = answer == Sleep::WhenIdle;
-            match answer {
-                Sleep::Ready => {}
-                Sleep::WhenIdle => any_idle = true,
-                Sleep::Within(t) => timeout = Some(timeout.map_or(t, |old| old.min(t))),
-                Sleep::NotNow => stay = true,
-            }
-        }
-        if !stay && any_idle {
-            stay = self.endpoints.iter().zip(&self.cold).any(|(ep, cold)| {
+        let (timeout, when_idle) = match self.drivers.prepare_sleep() {
+            SleepAnswer::StayUp => return None,
+            SleepAnswer::Sleep { timeout, when_idle } => (timeout, when_idle),
+        };
+        let stay = when_idle
+            && self.endpoints.iter().zip(&self.cold).any(|(ep, cold)| {
                 let busy = ep.inflight != 0 || ep.flushing != 0 || ep.is_connecting();
                 // A mixed endpoint counts its work as a whole: busy if any
                 // of its drivers needs polling.
                 let polled = if ep.has(MIXED) {
                     cold.groups
                         .iter()
-                        .any(|g| self.when_idle[g.driver as usize])
+                        .any(|g| self.drivers.when_idle(g.driver as usize))
                 } else {
-                    self.when_idle[ep.driver as usize]
+                    self.drivers.when_idle(ep.driver as usize)
                 };
                 busy && polled
             });
-        }
         if stay {
-            self.drivers_woke();
+            self.drivers.woke();
             return None;
         }
         Some(timeout)
@@ -371,11 +304,7 @@ impl Engine {
     /// [`prepare_drivers_sleep`](Engine::prepare_drivers_sleep)
     /// ([`Driver::woke`]); nothing if they were not asked.
     pub(crate) fn drivers_woke(&mut self) {
-        if std::mem::take(&mut self.sleep_prepared) {
-            for driver in &mut self.drivers {
-                driver.woke();
-            }
-        }
+        self.drivers.woke();
     }
 
     /// Sets NEED_WAKEUP on every SQ; returns whether all are still empty.

@@ -3,7 +3,12 @@
 // Hands validated operations to the driver's unsafe `post`.
 #![allow(unsafe_code)]
 
-use super::*;
+use super::token::TokenTarget;
+use super::{Engine, FlushCause, Started};
+use crate::driver::{LaneMask, Op, OpKind, Posted, Token};
+use crate::endpoint::{LaneGroup, MIXED, WEAK_FLAG_OWED};
+use crate::request::{Request, RequestId, State};
+use ringfence_ring::{AtomicOp, Opcode, Status};
 
 impl Engine {
     /// Starts an admitted request.
@@ -135,8 +140,7 @@ impl Engine {
     /// unused `remote_addr`), so that a late or duplicated completion of
     /// an earlier flush in the same slot is stray (R25).
     fn new_flush_token(&mut self, id: RequestId) -> Token {
-        self.flush_serial = TokenTarget::next_flush_serial(self.flush_serial);
-        let serial = self.flush_serial;
+        let serial = self.serials.next_flush();
         self.request_mut(id).remote_addr = u64::from(serial);
         TokenTarget::Flush { id, serial }.token()
     }

@@ -1,7 +1,16 @@
 //! The completion side of a queue pair: CQEs posted in order, the overflow
 //! list, the CQ doorbell; and the single place a request ends.
 
-use super::*;
+use super::{Engine, INTAKE_BATCH};
+use crate::request::{Pool, RequestId};
+use crate::stats::Stats;
+use crate::sys::notify::Delivery;
+use ringfence_ring::{
+    CQE_BUFFER_SHIFT, Consumer, Cqe, CqeFlags, Doorbell, Opcode, Producer, RingError, Sqe, Status,
+};
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// The engine's side of one queue pair.
 #[derive(Debug)]

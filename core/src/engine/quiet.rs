@@ -23,8 +23,13 @@
 //! first error of a part (an endpoint that failed meanwhile). A part's
 //! flush cleans the lanes it covered, as a user FLUSH does (W2).
 
-use super::*;
+use super::token::TokenTarget;
+use super::{Engine, FlushCause};
+use crate::driver::{Posted, Token};
+use crate::endpoint::{EpState, MIXED, QUIET};
 use crate::endpoint::{PartState, QuietPart};
+use crate::request::{NONE, RequestId, State};
+use ringfence_ring::Status;
 
 impl Engine {
     /// Takes worker flush `id`: one part per endpoint with something to
@@ -35,8 +40,7 @@ impl Engine {
         // serial its parts' tokens carry (the slot is handed out again
         // after it completes; a late part of this flush must not count for
         // the next one's).
-        self.worker_flush_serial = self.worker_flush_serial.wrapping_add(1);
-        let serial = self.worker_flush_serial;
+        let serial = self.serials.next_worker_flush();
         let r = self.request_mut(id);
         r.len = 0;
         r.operand2 = 0;

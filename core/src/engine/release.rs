@@ -9,12 +9,30 @@
 //! reserved, and `Worker::deregister` of it answers `Busy` until the
 //! drivers released it (see there).
 
-use super::*;
-use crate::memory::Registration;
+use super::Engine;
+use super::drivers::DriverSet;
+use crate::driver::{DriverMemKey, Quiesce, Quiesced};
+use crate::memory::{MemRegistry, Registration};
+use ringfence_ring::Status;
+
+/// Registrations withdrawn from the drivers but not yet released by all
+/// of them, and what became of those that were.
+#[derive(Debug, Default)]
+pub(super) struct Releases {
+    /// Deregistered registrations a driver has not released yet (its
+    /// quiesce answered `Pending`): asked again every round while not
+    /// empty.
+    parked: Vec<Parked>,
+    /// Handles of application memory whose drivers have answered, until
+    /// the application deregisters it again.
+    settled: Vec<(u32, Settled)>,
+    /// Registrations leaked (a driver answered `Leak`), and their bytes.
+    leaked: (u64, u64),
+}
 
 /// A deregistered registration that a driver has not released yet.
 #[derive(Debug)]
-pub(crate) struct Parked {
+struct Parked {
     /// The handle the application deregisters again (memory it owns);
     /// `None` when the registry owns the memory (the application was told
     /// the deregistration succeeded) or it never had a handle.
@@ -29,7 +47,7 @@ pub(crate) struct Parked {
 
 /// What became of memory the application owns once its drivers answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Settled {
+enum Settled {
     /// Every driver answered `Done`: the next deregistration succeeds.
     Released,
     /// A driver answered `Leak`: the memory must never be freed.
@@ -68,60 +86,20 @@ impl Withdrawal {
     }
 }
 
-impl Engine {
-    /// Withdraws the driver keys of a registration: each driver
-    /// deregisters its key and is asked to quiesce it once.
-    pub(crate) fn withdraw(&mut self, keys: &[Option<DriverMemKey>]) -> Withdrawal {
-        let mut w = Withdrawal::default();
-        for (d, key) in keys.iter().enumerate() {
-            if let (Some(key), Some(driver)) = (key, self.drivers.get_mut(d)) {
-                driver.deregister(*key);
-                match driver.quiesce(Quiesce::Memory(*key)) {
-                    Quiesced::Done => {}
-                    Quiesced::Pending => w.pending.push((d, *key)),
-                    Quiesced::Leak => w.leak = true,
-                }
-            }
-        }
-        w
-    }
-
-    /// Keeps `registration`, withdrawn with outcome `w`, until its drivers
-    /// release it. `handle`: the application owns the memory and asks again
-    /// with this (reserved) handle.
-    pub(crate) fn park(&mut self, handle: Option<u32>, registration: Registration, w: Withdrawal) {
-        if let Some(raw) = handle {
-            self.mem.reserve(raw);
-        }
-        tracing::debug!(
-            len = registration.len,
-            pending = w.pending.len(),
-            "deregistered memory kept until its drivers release it"
-        );
-        let parked = Parked {
-            handle,
-            registration,
-            pending: w.pending,
-            leak: w.leak,
-        };
-        if parked.pending.is_empty() {
-            self.settle(parked);
-        } else {
-            self.parked.push(parked);
-        }
+impl Releases {
+    /// Whether no registration waits for a driver.
+    pub(super) fn none_parked(&self) -> bool {
+        self.parked.is_empty()
     }
 
     /// Asks the drivers again about every parked registration (the
     /// progress round calls this only when some are parked, after polling);
     /// returns how many were settled.
-    pub(crate) fn reask_parked(&mut self) -> usize {
+    pub(super) fn reask(&mut self, drivers: &mut DriverSet) -> usize {
         let mut settled = 0;
         let mut i = 0;
         while i < self.parked.len() {
-            let Engine {
-                parked, drivers, ..
-            } = self;
-            let p = &mut parked[i];
+            let p = &mut self.parked[i];
             let mut leak = p.leak;
             p.pending.retain(|&(d, key)| {
                 let Some(driver) = drivers.get_mut(d) else {
@@ -146,6 +124,16 @@ impl Engine {
             }
         }
         settled
+    }
+
+    /// Keeps `p` until its drivers release it, or settles it now if they
+    /// all answered.
+    fn park(&mut self, p: Parked) {
+        if p.pending.is_empty() {
+            self.settle(p);
+        } else {
+            self.parked.push(p);
+        }
     }
 
     /// Every driver has answered for `p`: its memory is freed (dropped with
@@ -198,8 +186,9 @@ impl Engine {
 
     /// Whether the application's deregistration of `raw` concerns a
     /// registration its drivers were asked to release: `Some(Ok(()))`
-    /// released (now forgotten here), `Some(Err(Busy))` not yet or never.
-    pub(crate) fn deregister_again(&mut self, raw: u32) -> Option<Result<(), Status>> {
+    /// released (now forgotten here: the caller unreserves the handle),
+    /// `Some(Err(Busy))` not yet or never.
+    fn deregister_again(&mut self, raw: u32) -> Option<Result<(), Status>> {
         if self.parked.iter().any(|p| p.handle == Some(raw)) {
             return Some(Err(Status::Busy));
         }
@@ -208,14 +197,13 @@ impl Engine {
             Settled::Leaked => Some(Err(Status::Busy)),
             Settled::Released => {
                 self.settled.swap_remove(i);
-                self.mem.unreserve(raw);
                 Some(Ok(()))
             }
         }
     }
 
     /// What drivers have not released.
-    pub(crate) fn unreleased(&self) -> UnreleasedMemory {
+    pub(super) fn unreleased(&self) -> UnreleasedMemory {
         UnreleasedMemory {
             pending: self.parked.len() as u32,
             pending_bytes: self.parked.iter().map(|p| p.registration.len).sum(),
@@ -227,18 +215,81 @@ impl Engine {
     /// At teardown, after the drivers' `quiesce(All)`: `release` (every
     /// driver answered `Done`) frees every registration's memory with the
     /// engine, except what a driver answered `Leak` for; otherwise every
-    /// registration is leaked, parked or live.
-    pub(crate) fn release_all(&mut self, release: bool) {
+    /// registration is leaked, parked or live (`live`: the registry's).
+    fn release_all(&mut self, release: bool, live: &mut MemRegistry) {
         for mut p in std::mem::take(&mut self.parked) {
             if p.leak || !release {
                 self.leak(&mut p.registration);
             }
         }
         if !release {
-            let live: Vec<Registration> = self.mem.drain().collect();
+            let live: Vec<Registration> = live.drain().collect();
             for mut r in live {
                 self.leak(&mut r);
             }
         }
+    }
+}
+
+impl Engine {
+    /// Withdraws the driver keys of a registration: each driver
+    /// deregisters its key and is asked to quiesce it once.
+    pub(crate) fn withdraw(&mut self, keys: &[Option<DriverMemKey>]) -> Withdrawal {
+        let mut w = Withdrawal::default();
+        for (d, key) in keys.iter().enumerate() {
+            if let (Some(key), Some(driver)) = (key, self.drivers.get_mut(d)) {
+                driver.deregister(*key);
+                match driver.quiesce(Quiesce::Memory(*key)) {
+                    Quiesced::Done => {}
+                    Quiesced::Pending => w.pending.push((d, *key)),
+                    Quiesced::Leak => w.leak = true,
+                }
+            }
+        }
+        w
+    }
+
+    /// Keeps `registration`, withdrawn with outcome `w`, until its drivers
+    /// release it. `handle`: the application owns the memory and asks again
+    /// with this (reserved) handle.
+    pub(crate) fn park(&mut self, handle: Option<u32>, registration: Registration, w: Withdrawal) {
+        if let Some(raw) = handle {
+            self.mem.reserve(raw);
+        }
+        tracing::debug!(
+            len = registration.len,
+            pending = w.pending.len(),
+            "deregistered memory kept until its drivers release it"
+        );
+        self.releases.park(Parked {
+            handle,
+            registration,
+            pending: w.pending,
+            leak: w.leak,
+        });
+    }
+
+    /// Whether the application's deregistration of `raw` concerns a
+    /// registration its drivers were asked to release: `Some(Ok(()))`
+    /// released (now forgotten here), `Some(Err(Busy))` not yet or never.
+    pub(crate) fn deregister_again(&mut self, raw: u32) -> Option<Result<(), Status>> {
+        let again = self.releases.deregister_again(raw);
+        if again == Some(Ok(())) {
+            self.mem.unreserve(raw);
+        }
+        again
+    }
+
+    /// What drivers have not released.
+    pub(crate) fn unreleased(&self) -> UnreleasedMemory {
+        self.releases.unreleased()
+    }
+
+    /// At teardown, after the drivers' `quiesce(All)`: `release` (every
+    /// driver answered `Done`) frees every registration's memory with the
+    /// engine, except what a driver answered `Leak` for; otherwise every
+    /// registration is leaked, parked or live.
+    pub(crate) fn release_all(&mut self, release: bool) {
+        self.releases.release_all(release, &mut self.mem);
     }
 }

@@ -1,6 +1,10 @@
 //! Closing endpoints and tearing the engine down (docs/fence.md §8).
 
-use super::*;
+use super::Engine;
+use crate::driver::{Quiesce, Quiesced};
+use crate::endpoint::{EpState, NO_LANE, QUIET};
+use crate::request::{RequestId, State};
+use ringfence_ring::Status;
 
 impl Engine {
     /// R42: a forced close cancels the queue and the in-flight fence at

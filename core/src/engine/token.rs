@@ -131,6 +131,39 @@ impl TokenTarget {
     }
 }
 
+/// The engine's serial counters, one per kind of token that names an
+/// attempt rather than a request slot: each is carried in its tokens, so a
+/// late completion of an earlier attempt matches nothing.
+#[derive(Debug, Default)]
+pub(super) struct Serials {
+    /// The last user flush started ([`TokenTarget::Flush`]).
+    flush: u32,
+    /// The last worker flush taken ([`TokenTarget::WorkerPart`]).
+    worker_flush: u32,
+    /// The last connect attempt ([`TokenTarget::Connect`]).
+    connect: u32,
+}
+
+impl Serials {
+    /// The serial of a new user flush: never 0, within 30 bits.
+    pub(super) fn next_flush(&mut self) -> u32 {
+        self.flush = TokenTarget::next_flush_serial(self.flush);
+        self.flush
+    }
+
+    /// The serial of a new worker flush.
+    pub(super) fn next_worker_flush(&mut self) -> u32 {
+        self.worker_flush = self.worker_flush.wrapping_add(1);
+        self.worker_flush
+    }
+
+    /// The serial of a new connect attempt.
+    pub(super) fn next_connect(&mut self) -> u32 {
+        self.connect = self.connect.wrapping_add(1);
+        self.connect
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
