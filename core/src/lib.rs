@@ -28,9 +28,10 @@
 //! Confined to `sys` (raw memory copies and atomics on registered memory,
 //! the notification buffers), the loopback driver (which executes RMA on
 //! registered addresses), the driver seam's declaration of the unsafe
-//! data-path contract ([`Driver::post`], [`DirectPath::execute`]) and the
-//! two engine modules that call it (`engine::post`, `engine::direct`, each
-//! call with the reason it holds), [`Worker::register`] (an `unsafe fn`:
+//! data-path contract ([`Driver::post`], [`DirectPath::execute`],
+//! [`DriverMemory`]) and the two engine functions that call it (in
+//! `engine::post` and `engine::direct`, each call with the reason it
+//! holds), [`Worker::register`] (an `unsafe fn`:
 //! its caller vouches for the memory), and a unit test's driver that
 //! forwards `post`; everything else is `#![deny(unsafe_code)]`.
 #![deny(

@@ -3,10 +3,6 @@
 //! [`Unpacked`], [`DriverRkey`]), the slow first phase ([`Prepare`],
 //! [`Prepared`]) and memory a driver allocates ([`DriverMemory`]).
 
-// `DriverMemory` is an unsafe trait (its implementors vouch for the
-// memory); no unsafe code runs here.
-#![allow(unsafe_code)]
-
 use super::MemKind;
 use super::{DriverEp, DriverError};
 use std::fmt;

@@ -56,10 +56,6 @@
 //!   operations inside the call may offer [`DirectPath`] through
 //!   [`Driver::direct`]; the engine uses it only when offered.
 
-// The trait declares the unsafe data-path contract (`post`); no unsafe
-// code runs here.
-#![allow(unsafe_code)]
-
 mod capabilities;
 mod completion;
 mod direct;
@@ -215,6 +211,7 @@ impl std::error::Error for DriverError {}
 ///
 /// Wrappers (the test kit's `FaultInjector`) forward every method: a test
 /// checks that each one overrides them all.
+#[allow(unsafe_code)] // declares the unsafe data-path contract (`post`)
 pub trait Driver: Send + fmt::Debug + 'static {
     /// A short, unique name (`"loopback"`, `"shm"`, …); it tags this
     /// driver's part of a worker address.

@@ -2,9 +2,6 @@
 //! SQEs, and runs of them executed by drivers that finish operations
 //! inside the call.
 
-// Hands admitted operations to the driver's unsafe `execute`.
-#![allow(unsafe_code)]
-
 use super::Engine;
 use super::intake::rma_shape;
 use crate::driver::{DriverMemKey, DriverRkey, Op, OpKind, Posted, fails_endpoint};
@@ -264,6 +261,7 @@ impl Engine {
     /// their results in `run.results`. Marks lane 0 dirty first (R14), with
     /// its generation (R38).
     #[inline]
+    #[allow(unsafe_code)] // hands admitted operations to the unsafe `execute`
     pub(super) fn execute_ops(&mut self, e: usize, sqes: &[Sqe]) -> usize {
         let ep = &mut self.endpoints[e];
         let (driver, driver_ep) = (ep.driver as usize, crate::driver::DriverEp(ep.driver_ep));

@@ -1,8 +1,5 @@
 //! Starting admitted requests on their drivers.
 
-// Hands validated operations to the driver's unsafe `post`.
-#![allow(unsafe_code)]
-
 use super::token::TokenTarget;
 use super::{Engine, FlushCause, Started};
 use crate::driver::{LaneMask, Op, OpKind, Posted, Token};
@@ -214,6 +211,7 @@ impl Engine {
     /// fence's owed transport fence flag (R8), which `op.fence` then shows.
     /// Returns what the driver said.
     #[inline]
+    #[allow(unsafe_code)] // hands a validated operation to the unsafe `post`
     pub(super) fn post_lane_op(&mut self, e: usize, op: &mut Op, id: RequestId) -> Posted {
         let ep = &mut self.endpoints[e];
         let lane = if ep.has(MIXED) {
