@@ -16,7 +16,7 @@
 # - loom models (ring/tests/loom*.rs): loom replaces the atomics and
 #   threads with its own, nothing for TSan to see; they run in the loom step.
 # - the engine's single-threaded suites (core/tests/fence/, mixed.rs,
-#   async_seam.rs, fault_injector.rs, bounded_round.rs, wrappers.rs):
+#   async_seam/, fault_injector.rs, bounded_round.rs, wrappers.rs):
 #   property tests of the fence engine driven from one thread (fence/
 #   spawns one only to catch a panic, in reentry.rs), minutes under TSan for
 #   nothing to see.
