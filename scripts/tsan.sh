@@ -15,10 +15,11 @@
 # Left out, and why:
 # - loom models (ring/tests/loom*.rs): loom replaces the atomics and
 #   threads with its own, nothing for TSan to see; they run in the loom step.
-# - the engine's single-threaded suites (core/tests/fence.rs, mixed.rs,
-#   async_seam.rs, fault_injector.rs, bounded_round.rs, wrappers.rs):
-#   property tests of the fence engine driven from one thread (fence.rs
-#   spawns one only to catch a panic), minutes under TSan for nothing to see.
+# - the engine's single-threaded suites (core/tests/fence/, mixed.rs,
+#   async_seam/, fault_injector.rs, bounded_round.rs, wrappers.rs):
+#   property tests of the fence engine driven from one thread (fence/
+#   spawns one only to catch a panic, in reentry.rs), minutes under TSan for
+#   nothing to see.
 # - the cross-process tests (tests/tests/*): what they share crosses
 #   processes, through shared memory TSan does not track between them; their
 #   threads within each process are the shm driver's control thread and
