@@ -70,7 +70,6 @@ fn every_wrapper_driver_defines_every_driver_method() {
         "quiesce",
         "direct",
         "alloc_memory",
-        "lane_ordered",
         "lane_generation",
         "peer_limits",
         "release_rkey",

@@ -14,7 +14,11 @@ use {super::Driver, super::Registered, ringfence_ring::Status};
 #[non_exhaustive]
 pub struct Capabilities {
     /// Operations posted on one lane take effect at the target in posting
-    /// order (RC QP, TCP stream, shm FIFO, one CUDA stream).
+    /// order once the transport fence flag ([`Op::fence`](super::Op::fence))
+    /// orders them after what came before (RC QP, TCP stream, shm FIFO, one
+    /// CUDA stream), on every lane of every connection: a weak fence may
+    /// then use the lane (docs/fence.md R8, R9). An endpoint with lanes on
+    /// several drivers takes each lane's from its driver.
     pub ordered_lanes: bool,
     /// The ATOMIC operations the driver executes (verbs has no SWAP).
     pub atomic_ops: AtomicOps,

@@ -524,13 +524,6 @@ pub trait Driver: Send + fmt::Debug + 'static {
         None
     }
 
-    /// Whether `lane` of `ep` orders operations once fenced (an [`Op::fence`]
-    /// flag suffices), so a weak fence may use it (docs/fence.md R8, R9).
-    fn lane_ordered(&self, ep: DriverEp, lane: u8) -> bool {
-        let _ = (ep, lane);
-        self.capabilities().ordered_lanes
-    }
-
     /// The generation of `lane` of `ep`: bumped whenever the transport
     /// channel behind it is replaced (docs/fence.md R38). Operations in flight on
     /// an old generation complete through `poll` (with an error if they

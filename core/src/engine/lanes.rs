@@ -61,8 +61,8 @@ impl Engine {
     /// Whether endpoint lane `lane` of endpoint `e` orders operations once
     /// fenced (R8).
     pub(super) fn lane_ordered(&self, e: usize, lane: u8) -> bool {
-        let (driver, driver_ep, lane) = self.lane_target(e, lane);
-        self.drivers[driver].lane_ordered(driver_ep, lane)
+        let (driver, _, _) = self.lane_target(e, lane);
+        self.drivers.caps(driver).ordered_lanes
     }
 
     /// For an endpoint with lanes on several drivers: the endpoint lane the

@@ -1,7 +1,7 @@
 //! §5 atomics (R27–R29): atomics join epochs; add, fence, fetch-add sees
 //! every add.
 
-use crate::{BIG, Over, all_ok, rig};
+use crate::{BIG, Over, all_ok, rig_unordered};
 use ringfence_ring::{FenceMode, Sqe};
 use ringfence_testkit::Timing;
 
@@ -11,8 +11,7 @@ fn r27_r29_atomics_join_epochs_add_fence_fadd_sees_every_add(over: Over) {
     // unordered and shuffled, so only the fence can order the add before the
     // fetch-add (R27, R28); the fetched value is valid at the CQE (R29).
     for mode in [FenceMode::COMPLETE, FenceMode::ORDER] {
-        let mut r = rig(over, 3, 1, Timing::Reordered, 256);
-        r.fault.set_unordered(0b111);
+        let mut r = rig_unordered(over, 3, 1, Timing::Reordered, 256, 0b111);
         let ep = r.ep(0);
         for i in 0..500u64 {
             let sqes = [

@@ -2,7 +2,7 @@
 //! a flag on one ordered lane, a strong one flushes exactly the dirty lanes;
 //! fences with nothing outstanding are free, and a storm is one boundary.
 
-use crate::{Over, all_ok, numbered, rig, strong, weak};
+use crate::{Over, all_ok, numbered, rig, rig_unordered, strong, weak};
 use ringfence_testkit::Timing;
 
 fn r5_a_fence_completes_at_once_and_orders(over: Over) {
@@ -29,8 +29,7 @@ fn r7_put_fence_put_same_address_across_unordered_lanes_ends_with_b(over: Over) 
     let mut b_first_without_fence = 0;
     for seed in 0..100u64 {
         for fenced in [true, false] {
-            let mut r = rig(over, 3, 1, Timing::Reordered, 256);
-            r.fault.set_unordered(0b110);
+            let mut r = rig_unordered(over, 3, 1, Timing::Reordered, 256, 0b110);
             r.seed(seed);
             let ep = r.ep(0);
             let mut sqes = vec![r.put(0, 0, true, false)];
@@ -92,8 +91,7 @@ fn r9_strong_fence_flushes_exactly_the_dirty_lanes(over: Over) {
     );
     assert_eq!(r.stats(0).weak_fences, 0);
     // The same lane, but unordered: strong as well (R9).
-    let mut r = rig(over, 1, 1, Timing::NextPoll, 256);
-    r.fault.set_unordered(0b1);
+    let mut r = rig_unordered(over, 1, 1, Timing::NextPoll, 256, 0b1);
     let ep = r.ep(0);
     all_ok(&r.run(&[
         r.put(0, 0, false, false),

@@ -51,6 +51,19 @@ struct Rig {
 }
 
 fn rig(over: Over, lanes: u8, endpoints: usize, timing: Timing, cq: u32) -> Rig {
+    rig_unordered(over, lanes, endpoints, timing, cq, 0)
+}
+
+/// [`rig`] whose injector reorders `unordered` lanes (and so claims
+/// unordered lanes: the engine takes no weak fence over it, R9).
+fn rig_unordered(
+    over: Over,
+    lanes: u8,
+    endpoints: usize,
+    timing: Timing,
+    cq: u32,
+    unordered: u64,
+) -> Rig {
     let loopback = Loopback::with_mode(CompletionMode::Immediate);
     let (initiator, fault, sim) = {
         let mut builder = Worker::builder();
@@ -63,6 +76,7 @@ fn rig(over: Over, lanes: u8, endpoints: usize, timing: Timing, cq: u32) -> Rig 
         match over {
             Over::Loopback => {
                 let (injector, fault) = FaultInjector::new(loopback);
+                fault.set_unordered(unordered);
                 (builder.driver(injector).build().unwrap(), fault, None)
             }
             Over::Sim(timing) => {
@@ -70,6 +84,7 @@ fn rig(over: Over, lanes: u8, endpoints: usize, timing: Timing, cq: u32) -> Rig 
                 handle.set_timing(timing);
                 handle.seed(u64::from(lanes) * 31 + endpoints as u64);
                 let (injector, fault) = FaultInjector::new(sim);
+                fault.set_unordered(unordered);
                 (
                     builder.driver(injector).build().unwrap(),
                     fault,

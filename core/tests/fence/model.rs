@@ -2,7 +2,7 @@
 //! flushes, injected faults, lane replacements) over both drivers, checked
 //! against the fence boundaries and the flushes' coverage.
 
-use crate::{HANG, Over, Rig, SLOT, rig};
+use crate::{HANG, Over, Rig, SLOT, rig_unordered};
 use proptest::prelude::*;
 use ringfence::{DriverEp, OpKind, QueuePair};
 use ringfence_ring::{FenceMode, Sqe, Status};
@@ -109,8 +109,7 @@ fn run_model(
     seed: u64,
     steps: &[Step],
 ) -> Result<(), TestCaseError> {
-    let mut r = rig(over, lanes, 2, timing, 64);
-    r.fault.set_unordered(unordered);
+    let mut r = rig_unordered(over, lanes, 2, timing, 64, unordered);
     r.seed(seed);
     let mut target_qps: Vec<QueuePair> = r
         ._targets

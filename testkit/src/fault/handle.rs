@@ -47,9 +47,20 @@ impl FaultHandle {
         self.program().timing = timing;
     }
 
-    /// Marks lanes (by index, on every endpoint) unordered.
+    /// Marks lanes (by index, on every endpoint) unordered: the injector
+    /// reorders what they hold, and claims unordered lanes in its
+    /// capabilities (so the engine never takes a weak fence over it).
+    ///
+    /// # Panics
+    /// Once the worker is built: the engine read the capabilities then.
     pub fn set_unordered(&self, lanes: LaneMask) {
-        self.program().unordered = lanes;
+        let mut p = self.program();
+        assert!(
+            !p.attached,
+            "set_unordered before the worker is built: the engine reads whether lanes are \
+             ordered once, from the capabilities"
+        );
+        p.unordered = lanes;
     }
 
     /// Fails post number `n` (0-based, over all posts) with `status`.

@@ -16,6 +16,7 @@ impl<D: Driver> FaultInjector<D> {
         let program = Arc::new(Mutex::new(Program {
             timing: Timing::NextPoll,
             unordered: 0,
+            attached: false,
             fail_posts: Vec::new(),
             fail_flushes: Vec::new(),
             no_resource: 0,

@@ -92,6 +92,8 @@ pub struct Executed {
 struct Program {
     timing: Timing,
     unordered: LaneMask,
+    /// The worker attached the injector: its capabilities are read.
+    attached: bool,
     /// Fail the post whose number (0-based, counted over all posts) is the
     /// key, with the status.
     fail_posts: Vec<(u64, Status)>,

@@ -28,6 +28,8 @@ impl<D: Driver> Driver for FaultInjector<D> {
     }
 
     fn attach(&mut self, ctx: DriverContext) {
+        // From now on the engine knows whether the lanes are ordered.
+        self.program().attached = true;
         self.inner.attach(ctx);
     }
 
@@ -338,10 +340,6 @@ impl<D: Driver> Driver for FaultInjector<D> {
         kind: MemKind,
     ) -> Option<Result<Arc<dyn DriverMemory>, DriverError>> {
         self.inner.alloc_memory(len, kind)
-    }
-
-    fn lane_ordered(&self, ep: DriverEp, lane: u8) -> bool {
-        self.program().unordered & (1 << lane) == 0 && self.inner.lane_ordered(ep, lane)
     }
 
     fn lane_generation(&self, ep: DriverEp, lane: u8) -> u32 {

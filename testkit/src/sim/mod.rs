@@ -23,7 +23,7 @@
 //!   completion's. Lanes are visited in a seeded pseudo-random order, so
 //!   operations complete out of order across lanes; within a lane they
 //!   complete in posting order when the inner driver orders that lane
-//!   ([`Driver::lane_ordered`]), else in any order that keeps an operation
+//!   ([`Capabilities::ordered_lanes`](ringfence::Capabilities::ordered_lanes)), else in any order that keeps an operation
 //!   carrying the transport fence flag behind everything before it. A
 //!   flush completes only after every operation posted before it on its
 //!   lanes has executed, plus its own timing, and then asks the inner

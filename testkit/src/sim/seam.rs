@@ -509,10 +509,6 @@ impl<D: Driver> Driver for SimDriver<D> {
         })
     }
 
-    fn lane_ordered(&self, ep: DriverEp, lane: u8) -> bool {
-        self.inner.lane_ordered(ep, lane)
-    }
-
     fn lane_generation(&self, ep: DriverEp, lane: u8) -> u32 {
         self.inner.lane_generation(ep, lane)
     }

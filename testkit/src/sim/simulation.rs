@@ -292,7 +292,7 @@ impl<D: Driver> SimDriver<D> {
         let Some(conn) = self.conn(ep) else { return 0 };
         let queue = &conn.lanes[lane as usize].queue;
         let due = |h: &Held| h.due.is_some_and(|d| d.passed(self.polls, now));
-        if self.inner.lane_ordered(ep, lane) {
+        if self.inner.capabilities().ordered_lanes {
             return usize::from(queue.front().is_some_and(due));
         }
         let fence_at = queue

@@ -562,10 +562,6 @@ impl Driver for Tcp {
         self.quiesce_scope(scope)
     }
 
-    fn lane_ordered(&self, _ep: DriverEp, _lane: u8) -> bool {
-        true
-    }
-
     /// The target's NOTIFY storage, from the HELLO_ACKs of the endpoint's
     /// lanes (one target: every lane's says the same).
     fn peer_limits(&self, ep: DriverEp) -> Option<PeerLimits> {
