@@ -7,7 +7,8 @@
 #   (g++ -std=c++17 for the C++ check) under AddressSanitizer and
 #   UndefinedBehaviorSanitizer, linked to the shared library, and one of
 #   them again to the static library;
-# - the examples, built with pkg-config's flags, run briefly.
+# - the examples, built with pkg-config's flags, run briefly; README.md's C
+#   example is examples/readme.c, and the two must be identical.
 #
 # Each test program prints "test <case> ... ok" lines and a closing
 # "<program>: test result: ok. N passed; M failed" line, which
@@ -97,6 +98,14 @@ example() { # name args...: built as a user would, run briefly
   gcc -std=c11 -O2 -Wall -Wextra -Werror "bindings/c/examples/$name.c" $(pc_flags) \
     -o "$build/$name" && timeout 300 "$build/$name" "$@"
 }
+# README.md's one ```c block, between its fence lines, is examples/readme.c.
+readme_c_block_is_examples_readme() {
+  [ "$(grep -c '^```c$' README.md)" = 1 ] || { echo "README.md: expected one \`\`\`c block"; return 1; }
+  diff -u bindings/c/examples/readme.c \
+    <(awk '/^```c$/ { inside = 1; next } inside && /^```$/ { exit } inside' README.md)
+}
+check readme_c_block_is_examples_readme readme_c_block_is_examples_readme
+check example_readme example readme
 check example_pingpong example pingpong 2000
 check example_epoll_client example epoll_client 200
 
