@@ -55,15 +55,7 @@ static int peer(int fd)
     void *window;
     uint32_t mem;
     TRY(rf_mem_alloc(w, WINDOW, &window, &mem));
-    uint8_t addr[512], key[512];
-    size_t lens[2];
-    TRY(rf_worker_address(w, addr, sizeof addr, &lens[0]));
-    TRY(rf_rkey_pack(w, mem, key, sizeof key, &lens[1]));
-    uint64_t base = (uint64_t)(uintptr_t)window;
-    send_all(fd, lens, sizeof lens);
-    send_all(fd, addr, lens[0]);
-    send_all(fd, key, lens[1]);
-    send_all(fd, &base, sizeof base);
+    send_offer(fd, w, mem, window);
     char byte;
     while (read(fd, &byte, 1) > 0) {
     }
@@ -169,31 +161,14 @@ int main(int argc, char **argv)
     uint64_t per_sample = argc > 2 ? strtoull(argv[2], NULL, 10) : 2000000;
     if (samples < 1 || samples > 1000 || per_sample == 0)
         return 2;
-    int pair[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM, 0, pair) != 0)
+    int fd;
+    pid_t child = spawn_peer(argv[0], "peer", &fd);
+    if (child < 0)
         return 1;
-    pid_t child = fork();
-    if (child == 0) {
-        close(pair[0]);
-        char fd[16];
-        snprintf(fd, sizeof fd, "%d", pair[1]);
-        execl("/proc/self/exe", argv[0], "peer", fd, (char *)NULL);
-        _exit(1);
-    }
-    close(pair[1]);
 
     struct link l;
-    uint8_t addr[512], key[512];
-    size_t lens[2];
-    recv_all(pair[0], lens, sizeof lens);
-    if (lens[0] > sizeof addr || lens[1] > sizeof key)
-        return 1;
-    recv_all(pair[0], addr, lens[0]);
-    recv_all(pair[0], key, lens[1]);
-    recv_all(pair[0], &l.remote, sizeof l.remote);
     l.worker = shm_worker();
-    TRY(rf_ep_connect(l.worker, addr, lens[0], &l.ep));
-    TRY(rf_rkey_unpack(l.worker, l.ep, key, lens[1], &l.rkey));
+    take_offer(fd, l.worker, &l.ep, &l.rkey, &l.remote);
     TRY(rf_mem_alloc(l.worker, WINDOW, (void **)&l.src, &l.src_mem));
     TRY(rf_ring_create(l.worker, 0, 0, &l.ring));
     memset(l.src, 7, 64);
@@ -218,7 +193,7 @@ int main(int argc, char **argv)
 
     TRY(rf_ring_destroy(&l.ring));
     TRY(rf_worker_destroy(l.worker));
-    close(pair[0]);
+    close(fd);
     int status = 0;
     waitpid(child, &status, 0);
     return 0;

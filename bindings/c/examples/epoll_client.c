@@ -38,15 +38,7 @@ static int target(int fd)
     void *window;
     uint32_t mem;
     TRY(rf_mem_alloc(w, 4096, &window, &mem));
-    uint8_t addr[512], key[512];
-    size_t lens[2];
-    TRY(rf_worker_address(w, addr, sizeof addr, &lens[0]));
-    TRY(rf_rkey_pack(w, mem, key, sizeof key, &lens[1]));
-    uint64_t base = (uint64_t)(uintptr_t)window;
-    send_all(fd, lens, sizeof lens);
-    send_all(fd, addr, lens[0]);
-    send_all(fd, key, lens[1]);
-    send_all(fd, &base, sizeof base);
+    send_offer(fd, w, mem, window);
     char byte;
     while (read(fd, &byte, 1) > 0) {
     }
@@ -90,18 +82,9 @@ static int client(int fd, uint64_t rounds)
     uint32_t buf_mem;
     TRY(rf_mem_alloc(w, 4096, (void **)&buf, &buf_mem));
 
-    uint8_t addr[512], key[512];
-    size_t lens[2];
-    uint64_t remote;
-    recv_all(fd, lens, sizeof lens);
-    if (lens[0] > sizeof addr || lens[1] > sizeof key)
-        return 1;
-    recv_all(fd, addr, lens[0]);
-    recv_all(fd, key, lens[1]);
-    recv_all(fd, &remote, sizeof remote);
     uint32_t ep, rkey;
-    TRY(rf_ep_connect(w, addr, lens[0], &ep));
-    TRY(rf_rkey_unpack(w, ep, key, lens[1], &rkey));
+    uint64_t remote;
+    take_offer(fd, w, &ep, &rkey, &remote);
 
     int epfd = epoll_create1(EPOLL_CLOEXEC);
     struct epoll_event ev = {.events = EPOLLIN};
@@ -146,21 +129,12 @@ int main(int argc, char **argv)
     if (argc == 3 && strcmp(argv[1], "target") == 0)
         return target(atoi(argv[2]));
     uint64_t rounds = argc > 1 ? strtoull(argv[1], NULL, 10) : 1000;
-    int pair[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM, 0, pair) != 0)
+    int fd;
+    pid_t child = spawn_peer(argv[0], "target", &fd);
+    if (child < 0)
         return 1;
-    pid_t child = fork();
-    if (child == 0) {
-        close(pair[0]);
-        char fd[16];
-        snprintf(fd, sizeof fd, "%d", pair[1]);
-        execl("/proc/self/exe", argv[0], "target", fd, (char *)NULL);
-        perror("exec");
-        _exit(1);
-    }
-    close(pair[1]);
-    int rc = client(pair[0], rounds);
-    close(pair[0]); /* the target's cue to leave */
+    int rc = client(fd, rounds);
+    close(fd); /* the target's cue to leave */
     int status = 0;
     waitpid(child, &status, 0);
     return rc != 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0;

@@ -52,24 +52,8 @@ static void setup(struct side *s, int fd)
     TRY(rf_mem_alloc(s->worker, 4096, (void **)&s->window, &s->window_mem));
     TRY(rf_mem_alloc(s->worker, 4096, (void **)&s->scratch, &s->scratch_mem));
 
-    uint8_t addr[512], key[512];
-    size_t lens[2];
-    TRY(rf_worker_address(s->worker, addr, sizeof addr, &lens[0]));
-    TRY(rf_rkey_pack(s->worker, s->window_mem, key, sizeof key, &lens[1]));
-    uint64_t base = (uint64_t)(uintptr_t)s->window;
-    send_all(fd, lens, sizeof lens);
-    send_all(fd, addr, lens[0]);
-    send_all(fd, key, lens[1]);
-    send_all(fd, &base, sizeof base);
-
-    recv_all(fd, lens, sizeof lens);
-    if (lens[0] > sizeof addr || lens[1] > sizeof key)
-        exit(1);
-    recv_all(fd, addr, lens[0]);
-    recv_all(fd, key, lens[1]);
-    recv_all(fd, &s->remote, sizeof s->remote);
-    TRY(rf_ep_connect(s->worker, addr, lens[0], &s->ep));
-    TRY(rf_rkey_unpack(s->worker, s->ep, key, lens[1], &s->rkey));
+    send_offer(fd, s->worker, s->window_mem, s->window);
+    take_offer(fd, s->worker, &s->ep, &s->rkey, &s->remote);
 }
 
 static void teardown(struct side *s)
@@ -173,20 +157,11 @@ int main(int argc, char **argv)
     uint64_t rounds = argc > 1 ? strtoull(argv[1], NULL, 10) : 100000;
     if (rounds == 0)
         rounds = 1;
-    int pair[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM, 0, pair) != 0)
+    int fd;
+    pid_t child = spawn_peer(argv[0], "pong", &fd);
+    if (child < 0)
         return 1;
-    pid_t child = fork();
-    if (child == 0) {
-        close(pair[0]);
-        char fd[16];
-        snprintf(fd, sizeof fd, "%d", pair[1]);
-        execl("/proc/self/exe", argv[0], "pong", fd, (char *)NULL);
-        perror("exec");
-        _exit(1);
-    }
-    close(pair[1]);
-    int rc = ping(pair[0], rounds);
+    int rc = ping(fd, rounds);
     int status = 0;
     waitpid(child, &status, 0);
     return rc != 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0;
