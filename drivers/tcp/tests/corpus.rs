@@ -5,7 +5,7 @@
 //! [`checks::seeds`] generates. `RINGFENCE_BLESS=1` rewrites the seeds.
 
 #[allow(dead_code)]
-#[path = "../fuzz/checks.rs"]
+#[path = "../fuzz/checks/mod.rs"]
 mod checks;
 
 use ringfence_tests::corpus::Corpus;

@@ -1,11 +1,11 @@
 //! The address and remote-key decoders on any bytes: never panic, and what
 //! they take re-encodes to the same bytes.
-//! See `../checks.rs` for the input layout.
+//! See `../checks/blobs.rs` for the input layout and the check.
 #![no_main]
 
 // Each target uses one of the shared checks.
 #[allow(dead_code)]
-#[path = "../checks.rs"]
+#[path = "../checks/mod.rs"]
 mod checks;
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| checks::blobs(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| checks::blobs::blobs(data));
