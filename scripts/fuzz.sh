@@ -5,7 +5,7 @@
 #   fuzz/              the engine (sqe_validate, rkey_unpack, address_decode),
 #                      the ring (ring_attach), the shm driver (shm_wire,
 #                      shm_control) and rflayout's reader (rflayout_elf)
-#   drivers/tcp/fuzz/  the tcp driver's decoders (frame_decoder, stream, blobs)
+#   drivers/tcp/fuzz/  the tcp driver's decoders (frame_decoder, stream, address_and_key)
 #
 #   ./scripts/fuzz.sh                  every target, RINGFENCE_FUZZ_SECONDS (20) s each
 #   ./scripts/fuzz.sh 60               every target, 60 s each

@@ -8,12 +8,12 @@
 //! Every check panics (through `assert!`) on a broken property; libFuzzer
 //! reports a panic as a crash and keeps the input under `artifacts/`.
 //! Each target's check, input layout and seeds are in its module
-//! ([`frame_decoder`], [`stream`], [`blobs`]); missing control bytes read as
+//! ([`frame_decoder`], [`stream`], [`address_and_key`]); missing control bytes read as
 //! zero.
 
 use ringfence_tcp::wire::{Header, LAST, Opcode};
 
-pub mod blobs;
+pub mod address_and_key;
 pub mod frame_decoder;
 pub mod stream;
 
@@ -60,7 +60,7 @@ pub type Check = fn(&[u8]);
 pub const TARGETS: [(&str, Check); 3] = [
     ("frame_decoder", frame_decoder::frame_decoder),
     ("stream", stream::stream),
-    ("blobs", blobs::blobs),
+    ("address_and_key", address_and_key::address_and_key),
 ];
 
 /// A valid header of every opcode, with a payload where it carries one.
@@ -184,6 +184,6 @@ pub fn every_opcode() -> Vec<(&'static str, Header, Vec<u8>)> {
 pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
     let mut out = frame_decoder::seeds();
     out.extend(stream::seeds());
-    out.extend(blobs::seeds());
+    out.extend(address_and_key::seeds());
     out
 }

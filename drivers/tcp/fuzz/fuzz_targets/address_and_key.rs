@@ -1,6 +1,6 @@
 //! The address and remote-key decoders on any bytes: never panic, and what
 //! they take re-encodes to the same bytes.
-//! See `../checks/blobs.rs` for the input layout and the check.
+//! See `../checks/address_and_key.rs` for the input layout and the check.
 #![no_main]
 
 // Each target uses one of the shared checks.
@@ -8,4 +8,4 @@
 #[path = "../checks/mod.rs"]
 mod checks;
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| checks::blobs::blobs(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| checks::address_and_key::address_and_key(data));

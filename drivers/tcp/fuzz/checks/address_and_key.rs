@@ -1,13 +1,13 @@
-//! The `blobs` target: the address and remote-key decoders never panic, and
+//! The `address_and_key` target: the address and remote-key decoders never panic, and
 //! what they take re-encodes to the same bytes.
 //!
 //! Input: any bytes, given to [`Address::decode`] and [`KeyBlob::decode`].
 
 use ringfence_tcp::wire::{Address, KEY_LEN, KeyBlob};
 
-/// `blobs`: the address and key decoders never panic, and what they take
+/// `address_and_key`: the address and key decoders never panic, and what they take
 /// re-encodes to the same bytes.
-pub fn blobs(data: &[u8]) {
+pub fn address_and_key(data: &[u8]) {
     if let Some(a) = Address::decode(data) {
         assert_eq!(a.encode(), data, "{a:?}");
         assert_ne!(a.socket.port(), 0);
@@ -23,7 +23,7 @@ pub fn blobs(data: &[u8]) {
 /// The target's seeds: addresses and keys, valid and not.
 pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
     let mut out = Vec::new();
-    // blobs: addresses and keys, valid and not.
+    // address_and_key: addresses and keys, valid and not.
     let v4 = Address {
         socket: "127.0.0.1:7000".parse().expect("v4"),
         instance: 0x0123_4567_89ab_cdef,
@@ -39,23 +39,23 @@ pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         base: 0x7f00_0000_0000,
         len: 1 << 20,
     };
-    out.push(("blobs", "address_v4".into(), v4.encode()));
-    out.push(("blobs", "address_v6".into(), v6.encode()));
-    out.push(("blobs", "key".into(), key.encode()));
+    out.push(("address_and_key", "address_v4".into(), v4.encode()));
+    out.push(("address_and_key", "address_v6".into(), v6.encode()));
+    out.push(("address_and_key", "key".into(), key.encode()));
     let mut unspecified = v4.encode();
     unspecified[15..19].copy_from_slice(&[0; 4]);
-    out.push(("blobs", "address_unspecified".into(), unspecified));
+    out.push(("address_and_key", "address_unspecified".into(), unspecified));
     let mut port0 = v4.encode();
     port0[5..7].copy_from_slice(&[0; 2]);
-    out.push(("blobs", "address_port0".into(), port0));
+    out.push(("address_and_key", "address_port0".into(), port0));
     let wraps = KeyBlob {
         base: u64::MAX - 10,
         len: 11,
         ..key
     };
-    out.push(("blobs", "key_wraps".into(), wraps.encode()));
+    out.push(("address_and_key", "key_wraps".into(), wraps.encode()));
     let mut short = key.encode();
     short.pop();
-    out.push(("blobs", "key_short".into(), short));
+    out.push(("address_and_key", "key_short".into(), short));
     out
 }
