@@ -211,6 +211,18 @@ impl std::error::Error for DriverError {}
 ///
 /// Wrappers (the test kit's `FaultInjector`) forward every method: a test
 /// checks that each one overrides them all.
+///
+/// # The hooks at a glance
+/// Thirteen are required (**bold**); the rest have defaults that suit a
+/// driver without the feature.
+///
+/// | concern | hooks |
+/// |---|---|
+/// | identity | **`name`**, **`capabilities`**, **`attach`**, **`address`** |
+/// | connections | **`connect`**, **`disconnect`**, `check_alive`, `peer_limits`, `lane_generation` |
+/// | memory and keys | **`register`**, **`deregister`**, **`pack_rkey`**, **`unpack_rkey`**, `release_rkey`, `prepare`, `quiesce`, `alloc_memory` |
+/// | data path | **`post`**, **`flush`**, **`poll`**, `commit`, `direct` |
+/// | sleep | `wake_fds`, `prepare_sleep`, `woke` |
 #[allow(unsafe_code)] // declares the unsafe data-path contract (`post`)
 pub trait Driver: Send + fmt::Debug + 'static {
     /// A short, unique name (`"loopback"`, `"shm"`, …); it tags this
