@@ -57,7 +57,7 @@ impl Worker {
     /// caller runs on when it calls this: the highest-numbered such CPU.
     /// With a single CPU it is left unpinned.
     ///
-    /// Why: measured on a 2-vCPU KVM guest (benches/README.md, group
+    /// Why: measured on a 2-vCPU KVM guest (benches/RESULTS.md, group
     /// `wake`), an unpinned core thread shared the CPU of an application
     /// that busy-polls its CQ. Its idle phase then (960 `sched_yield`s
     /// before sleeping) handed that CPU to the application for a whole time
@@ -181,7 +181,7 @@ pub(super) fn default_cpu() -> Option<usize> {
 
 /// How long the core thread keeps polling after its last work before it
 /// sleeps. A wake from sleep costs about 25–35 µs on the 2-vCPU KVM guest
-/// of benches/README.md (most of it the hypervisor waking the idle vCPU),
+/// of benches/RESULTS.md (most of it the hypervisor waking the idle vCPU),
 /// against under 1 µs for an operation that finds the thread polling; 100
 /// µs keeps the extra latency of a sleep under a third of the time spent
 /// polling for nothing. Polling, not yielding: a `sched_yield` on a CPU
