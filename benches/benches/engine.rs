@@ -161,7 +161,7 @@ impl EngineRig {
         if core_thread {
             worker
                 .start_core_thread(None)
-                .expect("a core thread (unpinned)");
+                .expect("a core thread (on its default CPU)");
         }
         let qp = worker.create_queue().expect("a queue pair");
         EngineRig {
@@ -393,7 +393,7 @@ struct AsleepRig {
 }
 
 impl AsleepRig {
-    /// The core thread runs on `cpu` (unpinned if `None`).
+    /// The core thread runs on `cpu` (its default CPU if `None`).
     fn new(cpu: Option<usize>) -> AsleepRig {
         let mut rig = PutRig::new(false).expect("loopback PUT setup");
         rig.rig

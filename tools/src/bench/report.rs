@@ -1,7 +1,7 @@
 //! Output: the nixlbench table (with the configuration above it), one JSON
 //! object per row, or CSV.
 
-use crate::bench::cli::{Cli, Mode};
+use crate::bench::cli::{Cli, Mode, ProgressKind};
 use crate::bench::stats::{LatencyRow, Row};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -171,7 +171,12 @@ pub fn header(cli: &Cli, format: Format, driver_note: &str) -> String {
                     format!(
                         "{} {}",
                         format!("{:?}", cli.progress).to_lowercase(),
-                        cli.cpu.map_or("unpinned".into(), |c| format!("cpu {c}"))
+                        match (cli.cpu, cli.progress) {
+                            (Some(c), _) => format!("cpu {c}"),
+                            // start_core_thread(None) picks its default CPU.
+                            (None, ProgressKind::CoreThread) => "default cpu".into(),
+                            (None, ProgressKind::Inline) => "unpinned".into(),
+                        }
                     ),
                 ),
                 ("Lanes (--lanes)", cli.lanes.to_string()),
