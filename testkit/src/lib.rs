@@ -16,6 +16,11 @@
 //!   quiesced or freed.
 //! - [`LoopbackTarget`] and [`run_sqes`]: the set-ups the suites share.
 //!
+//! Both wrappers hold what the engine posts in one shared core (the
+//! private `held` module: per-lane queues, flushes tracked by sequence
+//! number, the release rule of ordered and unordered lanes, a seeded
+//! xorshift, forwarding to the inner driver); each adds its own policy.
+//!
 //! Both wrappers forward every method of [`ringfence::Driver`] (a test in
 //! the engine's suite checks it).
 //!
@@ -27,9 +32,11 @@
 #![warn(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 
 mod fault;
+mod held;
 mod rig;
 mod sim;
 
-pub use fault::{Executed, FaultHandle, FaultInjector, Timing};
+pub use fault::{FaultHandle, FaultInjector, Timing};
+pub use held::Executed;
 pub use rig::{LoopbackTarget, run_sqes};
 pub use sim::{SimDriver, SimEvent, SimHandle, SimStats, SimTiming};
