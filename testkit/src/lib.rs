@@ -14,7 +14,17 @@
 //!   have a first phase, and a [`SimHandle`] logs every execution and
 //!   quiesce so tests can prove nothing touched memory after it was
 //!   quiesced or freed.
-//! - [`LoopbackTarget`] and [`run_sqes`]: the set-ups the suites share.
+//! - [`LoopbackTarget`] and [`run_sqes`]: the set-ups the suites share;
+//!   [`Pair`], two workers of any driver connected to each other, with its
+//!   submit-progress-reap loops under a hang guard ([`Wait`]) and
+//!   [`assert_exactly_once`].
+//! - [`conformance`]: the checks every driver runs, and
+//!   [`conformance_suite!`] to run them all.
+//!
+//! Both wrappers hold what the engine posts in one shared core (the
+//! private `held` module: per-lane queues, flushes tracked by sequence
+//! number, the release rule of ordered and unordered lanes, a seeded
+//! xorshift, forwarding to the inner driver); each adds its own policy.
 //!
 //! Both wrappers forward every method of [`ringfence::Driver`] (a test in
 //! the engine's suite checks it).
@@ -26,10 +36,13 @@
 #![deny(unsafe_op_in_unsafe_fn, missing_docs, missing_debug_implementations)]
 #![warn(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 
+pub mod conformance;
 mod fault;
+mod held;
 mod rig;
 mod sim;
 
-pub use fault::{Executed, FaultHandle, FaultInjector, Timing};
-pub use rig::{LoopbackTarget, run_sqes};
+pub use fault::{FaultHandle, FaultInjector, Timing};
+pub use held::Executed;
+pub use rig::{HANG, LoopbackTarget, Pair, PairConfig, Wait, assert_exactly_once, run_sqes};
 pub use sim::{SimDriver, SimEvent, SimHandle, SimStats, SimTiming};

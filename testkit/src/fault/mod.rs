@@ -32,6 +32,11 @@
 //! the inner driver is recorded in an execution log, for tests to compare
 //! with a model.
 //!
+//! The holding itself (per-lane queues, sequence numbers for flushes, the
+//! release rule of ordered and unordered lanes, the seeded draws,
+//! forwarding) is the test kit's held core, `crate::held`, which
+//! [`SimDriver`](crate::SimDriver) shares; this module is the program.
+//!
 //! The inner driver should complete synchronously (the loopback driver in
 //! [`CompletionMode::Immediate`](ringfence::CompletionMode::Immediate)): the
 //! injector owns all timing. Completions the inner driver returns later are
@@ -39,12 +44,14 @@
 
 #![allow(unsafe_code)] // forwards the unsafe `post` and `execute`
 
-use ringfence::{Completion, Driver, DriverEp, LaneMask, MAX_LANES, Op, OpKind, Token};
+use crate::held::{Due, HeldFlush, HeldFlushes, HeldLanes, HeldOp, Rng, now_ns};
+use ringfence::{Completion, Driver, DriverEp, LaneMask, MAX_LANES};
 use ringfence_ring::Status;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+
+pub use crate::held::Executed;
 
 mod handle;
 mod injector;
@@ -69,23 +76,6 @@ pub enum Timing {
     /// At the first poll at least this long after posting: a latency in
     /// wall-clock time, as a network round trip has.
     Latency(std::time::Duration),
-}
-
-/// One operation as it took effect at the inner driver.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Executed {
-    /// The engine endpoint's driver handle.
-    pub ep: DriverEp,
-    /// The lane.
-    pub lane: u8,
-    /// What it was.
-    pub kind: OpKind,
-    /// Its remote address (0 for NOTIFY).
-    pub remote_addr: u64,
-    /// Its operand (the tag, for NOTIFY).
-    pub operand: u64,
-    /// Whether it carried the transport fence flag.
-    pub fence: bool,
 }
 
 #[derive(Debug)]
@@ -145,37 +135,19 @@ pub struct FaultHandle {
     held: Arc<AtomicUsize>,
 }
 
+/// What the injector keeps with each held operation and flush.
 #[derive(Debug, Clone, Copy)]
-struct Held {
-    op: Op,
-    token: Token,
-    seq: u64,
-    release_at: u64,
-    /// Not before this instant (`Timing::Latency`).
-    due: Instant,
+struct Fault {
     /// An injected failure: completes with it instead of executing.
     fail: Option<Status>,
-    /// With `fail`: the endpoint dies, with this cause.
+    /// With `fail`: the endpoint dies, with this cause
+    /// (`kill_endpoint_on_post`, `kill_endpoint_on_flush`).
     kill: Option<Status>,
-    /// The lane's generation when it was posted: its channel. Channels of
-    /// one lane are not ordered with each other.
-    generation: u32,
 }
 
-#[derive(Debug, Clone, Copy)]
-struct HeldFlush {
-    ep: DriverEp,
-    lanes: LaneMask,
-    token: Token,
-    /// Every operation with a smaller sequence number on `lanes` must be done.
-    seq: u64,
-    release_at: u64,
-    due: Instant,
-    fail: Option<Status>,
-    /// Completing it kills its endpoint with this cause
-    /// (`kill_endpoint_on_flush`).
-    kill: Option<Status>,
-}
+/// A held operation; its channel is the lane's generation when it was
+/// posted (channels of one lane are not ordered with each other).
+type Held = HeldOp<Fault>;
 
 /// The fault-injecting driver wrapper; see the module docs.
 #[derive(Debug)]
@@ -184,11 +156,9 @@ pub struct FaultInjector<D: Driver> {
     program: Arc<Mutex<Program>>,
     /// Posts and flushes held (kept up to date for `FaultHandle::held`).
     held_count: Arc<AtomicUsize>,
-    /// Posts held: the sum of `held`'s queue lengths, kept as they change.
-    held_posts: usize,
     /// Held operations per endpoint handle and lane.
-    held: Vec<Vec<VecDeque<Held>>>,
-    flushes: VecDeque<HeldFlush>,
+    held: HeldLanes<Fault>,
+    flushes: HeldFlushes<Fault>,
     ready: VecDeque<Completion>,
     /// Endpoint handles killed (`kill_endpoint_on_post`), until
     /// disconnected.
@@ -200,15 +170,18 @@ pub struct FaultInjector<D: Driver> {
     flush_count: u64,
     polls: u64,
     /// The time of the current poll (for `Timing::Latency`).
-    now: Instant,
-    seq: u64,
-    rng: u64,
+    now: u64,
+    /// Seeded from the program at the first draw.
+    rng: Rng,
 }
 
-/// When something posted now under `timing` may be released.
-fn due(timing: Timing) -> Instant {
+/// When something posted now, at poll `polls`, under `timing` may be
+/// released: after the timing's polls, or its latency.
+fn due(timing: Timing, polls: u64) -> Due {
     match timing {
-        Timing::Latency(latency) => Instant::now() + latency,
-        _ => Instant::now(),
+        Timing::Latency(latency) => Due::after_time(now_ns(), latency),
+        // Held only behind something else: at the next poll.
+        Timing::Synchronous | Timing::NextPoll | Timing::Reordered => Due::after_polls(polls, 1),
+        Timing::Delayed(n) => Due::after_polls(polls, u64::from(n)),
     }
 }

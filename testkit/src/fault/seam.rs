@@ -9,12 +9,11 @@ use ringfence::{
     Prepared, Quiesce, Quiesced, Registered, Sleep, Token, Unpacked,
 };
 use ringfence_ring::Status;
-use std::collections::VecDeque;
 use std::os::fd::BorrowedFd;
 use std::sync::Arc;
-use std::time::Instant;
 
 use super::*;
+use crate::held;
 
 impl<D: Driver> Driver for FaultInjector<D> {
     fn name(&self) -> &'static str {
@@ -40,32 +39,19 @@ impl<D: Driver> Driver for FaultInjector<D> {
     fn connect(&mut self, peer: &[u8], lanes: u8, token: Token) -> Result<Connect, DriverError> {
         let connect = self.inner.connect(peer, lanes, token)?;
         let (Connect::Done(ep) | Connect::InFlight(ep)) = connect;
-        let index = ep.0 as usize;
-        if self.held.len() <= index {
-            self.held.resize_with(index + 1, Vec::new);
-        }
-        self.held[index] = (0..lanes).map(|_| VecDeque::with_capacity(1024)).collect();
+        self.held.open(ep, lanes, 1024);
         Ok(connect)
     }
 
     fn disconnect(&mut self, ep: DriverEp) {
         self.dead.retain(|&d| d != ep.0);
-        if let Some(lanes) = self.held.get_mut(ep.0 as usize) {
-            for queue in lanes.iter_mut() {
-                self.ready.extend(
-                    queue
-                        .drain(..)
-                        .map(|h| Completion::new(h.token, Err(Status::Canceled))),
-                );
-            }
-        }
-        let (gone, kept): (Vec<_>, Vec<_>) = self.flushes.drain(..).partition(|f| f.ep == ep);
-        self.flushes = kept.into();
-        self.ready.extend(
-            gone.into_iter()
-                .map(|f| Completion::new(f.token, Err(Status::Canceled))),
-        );
-        self.recount_held();
+        let gone = self.held.drain_ep(ep);
+        self.ready
+            .extend(gone.iter().map(|h| held::forward::canceled(h.token)));
+        let gone = self.flushes.take_ep(ep);
+        self.ready
+            .extend(gone.iter().map(|f| held::forward::canceled(f.token)));
+        self.count_held();
         self.inner.disconnect(ep);
     }
 
@@ -124,7 +110,7 @@ impl<D: Driver> Driver for FaultInjector<D> {
             )
         };
         self.posts += 1;
-        if timing == Timing::Synchronous && kill.is_none() && self.lane_idle(ep, op.lane) {
+        if timing == Timing::Synchronous && kill.is_none() && self.held.is_idle(ep, op.lane) {
             if let Some(status) = fail {
                 return Posted::Done(Err(status));
             }
@@ -136,27 +122,20 @@ impl<D: Driver> Driver for FaultInjector<D> {
             }
             return posted;
         }
-        let release_at = self.polls + self.delay(timing);
-        let due = due(timing);
-        let Some(queue) = self
-            .held
-            .get_mut(ep.0 as usize)
-            .and_then(|l| l.get_mut(op.lane as usize))
-        else {
+        if !self.held.has_lane(ep, op.lane) {
             return Posted::Done(Err(Status::InvalidArgument));
-        };
-        self.seq += 1;
-        queue.push_back(Held {
+        }
+        let held = Held {
             op: *op,
             token,
-            seq: self.seq,
-            release_at,
-            due,
-            fail,
-            kill,
-            generation,
-        });
-        self.held_posts += 1;
+            seq: self.held.next_seq(),
+            channel: generation,
+            due: Some(due(timing, self.polls)),
+            meta: Fault { fail, kill },
+        };
+        self.held
+            .push(ep, held)
+            .expect("the lane was checked above");
         self.count_held();
         Posted::InFlight
     }
@@ -182,7 +161,7 @@ impl<D: Driver> Driver for FaultInjector<D> {
         if timing == Timing::Synchronous
             && kill.is_none()
             && !blocked
-            && self.flush_clear(ep, lanes, self.seq)
+            && self.flush_clear(ep, lanes, self.held.seq())
         {
             // Everything posted on these lanes has executed.
             let posted = match fail {
@@ -194,16 +173,13 @@ impl<D: Driver> Driver for FaultInjector<D> {
             }
             return posted;
         }
-        let release_at = self.polls + self.delay(timing);
-        self.flushes.push_back(HeldFlush {
+        self.flushes.push(HeldFlush {
             ep,
             lanes,
             token,
-            seq: self.seq,
-            release_at,
-            due: due(timing),
-            fail,
-            kill,
+            seq: self.held.seq(),
+            due: Some(due(timing, self.polls)),
+            meta: Fault { fail, kill },
         });
         self.count_held();
         Posted::InFlight
@@ -211,7 +187,7 @@ impl<D: Driver> Driver for FaultInjector<D> {
 
     fn poll(&mut self, out: &mut [Completion]) -> usize {
         self.polls += 1;
-        self.now = Instant::now();
+        self.now = held::now_ns();
         // One lock of the program per poll.
         let (timing, unordered, flushes_blocked, strays, lost_lanes) = {
             let mut p = self.program();
@@ -232,9 +208,8 @@ impl<D: Driver> Driver for FaultInjector<D> {
         };
         self.inject(strays);
         self.lose_lanes(lost_lanes);
-        let mut n = ringfence::drain_completions(&mut self.ready, out);
-        n += self.inner.poll(&mut out[n..]);
-        let eps = self.held.len();
+        let mut n = held::forward::poll(&mut self.ready, &mut self.inner, out);
+        let eps = self.held.endpoints();
         let start = if timing == Timing::Reordered {
             self.next_random() as usize
         } else {
@@ -242,7 +217,7 @@ impl<D: Driver> Driver for FaultInjector<D> {
         };
         for k in 0..eps {
             let ep = (k + start) % eps.max(1);
-            let lanes = self.held[ep].len();
+            let lanes = self.held.lanes(ep);
             let lane_start = if timing == Timing::Reordered {
                 self.next_random() as usize
             } else {
@@ -250,7 +225,8 @@ impl<D: Driver> Driver for FaultInjector<D> {
             };
             for j in 0..lanes {
                 let lane = (j + lane_start) % lanes;
-                self.release_lane(ep, lane, unordered & (1 << lane) != 0, out, &mut n);
+                let unordered = unordered & (1 << lane) != 0;
+                self.release_lane(DriverEp(ep as u32), lane as u8, unordered, out, &mut n);
             }
         }
         if !flushes_blocked {
@@ -296,29 +272,15 @@ impl<D: Driver> Driver for FaultInjector<D> {
     fn quiesce(&mut self, scope: Quiesce) -> Quiesced {
         // What this wrapper still holds never reaches the inner driver
         // once its memory is quiesced: it completes canceled, unexecuted.
-        let covered = |h: &Held| match scope {
-            Quiesce::All => true,
-            Quiesce::Memory(key) => h.op.local_key == Some(key),
-        };
-        for lanes in &mut self.held {
-            for queue in lanes.iter_mut() {
-                queue.retain(|h| {
-                    if covered(h) {
-                        self.ready
-                            .push_back(Completion::new(h.token, Err(Status::Canceled)));
-                    }
-                    !covered(h)
-                });
-            }
-        }
+        let gone = self.held.take_where(|_, _, h| held::covers(scope, &h.op));
+        self.ready
+            .extend(gone.iter().map(|h| held::forward::canceled(h.token)));
         if scope == Quiesce::All {
-            self.ready.extend(
-                self.flushes
-                    .drain(..)
-                    .map(|f| Completion::new(f.token, Err(Status::Canceled))),
-            );
+            let gone = self.flushes.take_all();
+            self.ready
+                .extend(gone.iter().map(|f| held::forward::canceled(f.token)));
         }
-        self.recount_held();
+        self.count_held();
         // Whatever the inner driver answers: this wrapper holds nothing
         // covered any more.
         self.inner.quiesce(scope)

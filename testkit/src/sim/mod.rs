@@ -76,6 +76,12 @@
 //!   [`SimEvent::Prepared`] record what it answered.
 //! - [`Driver::direct`] is `None`: nothing finishes inside a call.
 //!
+//! What it holds and the release rule within a lane are the test kit's
+//! held core (`crate::held`), shared with
+//! [`FaultInjector`](crate::FaultInjector); the commit, the timings, the
+//! lane visiting order, handshakes, quiesce and the wake descriptor are
+//! this module's.
+//!
 //! # Names
 //! A worker address tags each driver's part with the driver's name, and a
 //! packed remote key tags each part the same way; a peer connects through
@@ -94,13 +100,13 @@
 //! execution log. The driver allocates on its data path (its queues and
 //! logs grow): it is a test kit, not a transport.
 
-use crate::fault::Executed;
+use crate::held::{Due, Executed, HeldFlushes, HeldLanes, HeldOp, Rng};
 use nix::sys::timerfd::TimerFd;
 #[cfg(doc)]
 use ringfence::Quiesced;
 use ringfence::{
-    Completion, Driver, DriverEp, DriverMemKey, DriverRkey, LaneMask, Op, Prepare, Prepared,
-    Quiesce, Registered, Token, Unpacked,
+    Completion, Driver, DriverEp, DriverMemKey, DriverRkey, LaneMask, Prepare, Prepared, Quiesce,
+    Registered, Token, Unpacked,
 };
 use ringfence::{MemKind, MemKinds};
 use ringfence_ring::Status;
@@ -263,45 +269,12 @@ pub struct SimHandle {
     state: Arc<Mutex<State>>,
 }
 
-/// When something held becomes eligible.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Due {
-    /// At this poll count.
-    Poll(u64),
-    /// At this `CLOCK_MONOTONIC` time, in nanoseconds.
-    Time(u64),
-}
+/// A held operation: its timing applies from the commit that covers it.
+type Held = HeldOp<SimTiming>;
 
-/// The next number of a xorshift64 sequence (`state` is never zero).
-fn xorshift(state: &mut u64) -> u64 {
-    *state ^= *state << 13;
-    *state ^= *state >> 7;
-    *state ^= *state << 17;
-    *state
-}
-
-/// Nanoseconds of `CLOCK_MONOTONIC`, the timerfd's clock.
-fn now_ns() -> u64 {
-    let ts = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
-        .expect("CLOCK_MONOTONIC is always readable");
-    (ts.tv_sec() as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(ts.tv_nsec() as u64)
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Held {
-    op: Op,
-    token: Token,
-    seq: u64,
-    timing: SimTiming,
-    /// `None` until a commit covers it.
-    due: Option<Due>,
-}
-
-#[derive(Debug, Default)]
-struct Lane {
-    queue: VecDeque<Held>,
+/// What the simulation keeps per lane, beside what it holds there.
+#[derive(Debug, Default, Clone, Copy)]
+struct LaneState {
     /// Posted to since the last commit.
     touched: bool,
     /// The inner driver had no room at this poll: skip the lane for it.
@@ -310,25 +283,14 @@ struct Lane {
 
 #[derive(Debug)]
 struct Conn {
-    lanes: Vec<Lane>,
+    /// Its lanes' state (what they hold is in `SimDriver::held`).
+    lanes: Vec<LaneState>,
     /// The handshake has not completed.
     connecting: bool,
     /// The handshake failed: the inner connection is released.
     dead: bool,
     /// Disconnected while draining: the inner connection goes once empty.
     closing: bool,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct HeldFlush {
-    ep: DriverEp,
-    lanes: LaneMask,
-    token: Token,
-    /// Every operation with a sequence number up to this one, on `lanes`,
-    /// must have executed.
-    seq: u64,
-    timing: SimTiming,
-    due: Option<Due>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -354,7 +316,9 @@ pub struct SimDriver<D: Driver> {
     state: Arc<Mutex<State>>,
     /// By the inner driver's endpoint handle.
     conns: Vec<Option<Conn>>,
-    flushes: VecDeque<HeldFlush>,
+    /// What the connections' lanes hold, by the same handle.
+    held: HeldLanes<SimTiming>,
+    flushes: HeldFlushes<SimTiming>,
     handshakes: Vec<Handshake>,
     /// Completions made outside `poll` (disconnect, quiesce), returned
     /// first.
@@ -364,8 +328,7 @@ pub struct SimDriver<D: Driver> {
     /// Lanes posted to since the last commit.
     touched: Vec<(u32, u8)>,
     polls: u64,
-    seq: u64,
-    rng: u64,
+    rng: Rng,
     /// Lanes with an eligible operation, rebuilt during a poll.
     candidates: Vec<(u32, u8)>,
     timer: TimerFd,

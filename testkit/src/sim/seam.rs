@@ -12,6 +12,7 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 
 use super::*;
+use crate::held::{self, HeldFlush, now_ns};
 
 impl<D: Driver> Driver for SimDriver<D> {
     fn name(&self) -> &'static str {
@@ -51,8 +52,9 @@ impl<D: Driver> Driver for SimDriver<D> {
         if self.conns.len() <= index {
             self.conns.resize_with(index + 1, || None);
         }
+        self.held.open(ep, lanes, 0);
         self.conns[index] = Some(Conn {
-            lanes: (0..lanes).map(|_| Lane::default()).collect(),
+            lanes: vec![LaneState::default(); usize::from(lanes)],
             connecting: handshake,
             dead: false,
             closing: false,
@@ -65,7 +67,7 @@ impl<D: Driver> Driver for SimDriver<D> {
             };
             let now = now_ns();
             let random = self.next_random();
-            let due = Due::new(timing, self.polls, now, random);
+            let due = timing.due(self.polls, now, random);
             self.handshakes.push(Handshake {
                 ep,
                 token,
@@ -220,19 +222,22 @@ impl<D: Driver> Driver for SimDriver<D> {
             self.state()
                 .violation(format!("post on {ep:?} after quiesce(All)"));
         }
-        self.seq += 1;
-        let seq = self.seq;
-        let lane = &mut self.conn_mut(ep).expect("checked above").lanes[op.lane as usize];
-        if lane.queue.len() >= depth {
+        let seq = self.held.next_seq();
+        if self.held.lane(ep, op.lane).map_or(0, |q| q.len()) >= depth {
             return Posted::NoResource;
         }
-        lane.queue.push_back(Held {
+        let held = Held {
             op: *op,
             token,
             seq,
-            timing,
+            channel: 0,
             due: None,
-        });
+            meta: timing,
+        };
+        self.held
+            .push(ep, held)
+            .expect("the connection has the lane (checked above)");
+        let lane = &mut self.conn_mut(ep).expect("checked above").lanes[op.lane as usize];
         if !lane.touched {
             lane.touched = true;
             self.touched.push((ep.0, op.lane));
@@ -263,13 +268,13 @@ impl<D: Driver> Driver for SimDriver<D> {
             s.stats.flushes += 1;
             s.timing
         };
-        self.flushes.push_back(HeldFlush {
+        self.flushes.push(HeldFlush {
             ep,
             lanes,
             token,
-            seq: self.seq,
-            timing,
+            seq: self.held.seq(),
             due: None,
+            meta: timing,
         });
         self.flushes_touched = true;
         Posted::InFlight
@@ -289,7 +294,7 @@ impl<D: Driver> Driver for SimDriver<D> {
             s.stats.commits += 1;
             if s.reseed {
                 s.reseed = false;
-                self.rng = s.seed;
+                self.rng = Rng::new(s.seed);
             }
         }
         self.inner.commit();
@@ -303,7 +308,7 @@ impl<D: Driver> Driver for SimDriver<D> {
             if held_due.is_some() {
                 return false; // committed earlier: the rest is too
             }
-            let due = Due::new(timing, polls, now, xorshift(rng));
+            let due = timing.due(polls, now, rng.next());
             *held_due = Some(due);
             if let Some(at) = due.time() {
                 earliest = Some(earliest.map_or(at, |e| e.min(at)));
@@ -314,21 +319,13 @@ impl<D: Driver> Driver for SimDriver<D> {
             let Some(conn) = self.conns.get_mut(e as usize).and_then(Option::as_mut) else {
                 continue;
             };
-            let lane = &mut conn.lanes[l as usize];
-            lane.touched = false;
+            conn.lanes[l as usize].touched = false;
             // What was posted since the last commit is the tail of the lane.
-            for h in lane.queue.iter_mut().rev() {
-                if !cover(&mut h.due, h.timing) {
-                    break;
-                }
-            }
+            self.held
+                .commit_tail(DriverEp(e), l, |h| cover(&mut h.due, h.meta));
         }
         if std::mem::take(&mut self.flushes_touched) {
-            for f in self.flushes.iter_mut().rev() {
-                if !cover(&mut f.due, f.timing) {
-                    break;
-                }
-            }
+            self.flushes.commit_tail(|f| cover(&mut f.due, f.meta));
         }
         if let Some(at) = earliest {
             self.arm_by(at);
@@ -343,13 +340,12 @@ impl<D: Driver> Driver for SimDriver<D> {
             self.one_shot = s.arm_on_sleep;
             if s.reseed {
                 s.reseed = false;
-                self.rng = s.seed;
+                self.rng = Rng::new(s.seed);
             }
         }
         let now = now_ns();
         self.retry_at = None;
-        let mut n = ringfence::drain_completions(&mut self.ready, out);
-        n += self.inner.poll(&mut out[n..]);
+        let mut n = held::forward::poll(&mut self.ready, &mut self.inner, out);
         self.run_handshakes(now, out, &mut n);
         self.run_lanes(now, out, &mut n);
         self.run_flushes(now, out, &mut n);
@@ -413,7 +409,7 @@ impl<D: Driver> Driver for SimDriver<D> {
                         self.cancel_conn(ep);
                     }
                 }
-                let tokens: Vec<Token> = self.flushes.drain(..).map(|f| f.token).collect();
+                let tokens: Vec<Token> = self.flushes.take_all().iter().map(|f| f.token).collect();
                 for token in tokens {
                     self.cancel(token);
                 }
@@ -423,21 +419,10 @@ impl<D: Driver> Driver for SimDriver<D> {
                 }
                 self.release_drained();
             }
-            Quiesce::Memory(key) => {
-                let mut tokens = Vec::new();
-                for conn in self.conns.iter_mut().flatten() {
-                    for lane in &mut conn.lanes {
-                        lane.queue.retain(|h| {
-                            let uses = h.op.local_key == Some(key);
-                            if uses {
-                                tokens.push(h.token);
-                            }
-                            !uses
-                        });
-                    }
-                }
-                for token in tokens {
-                    self.cancel(token);
+            Quiesce::Memory(_) => {
+                let gone = self.held.take_where(|_, _, h| held::covers(scope, &h.op));
+                for h in gone {
+                    self.cancel(h.token);
                 }
             }
         }

@@ -1,13 +1,14 @@
 //! The simulation: held operations, flushes and handshakes per lane, when
 //! each is due, and their execution at the inner driver.
 
-use crate::fault::Executed;
+use crate::held::forward::{self, Forwarded};
+use crate::held::{Due, Executed, HeldFlushes, HeldLanes, Moment, Rng};
 use nix::sys::time::TimeSpec;
 use nix::sys::timerfd::{self, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags};
 #[cfg(doc)]
 use ringfence::Capabilities;
 use ringfence::MemKinds;
-use ringfence::{Completion, Driver, DriverEp, LaneMask, Posted, Prepared, Token};
+use ringfence::{Completion, Driver, DriverEp, Prepared, Token};
 use ringfence_ring::Status;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -15,41 +16,19 @@ use std::time::Duration;
 
 use super::*;
 
-impl Due {
-    /// When something under `timing` committed (or started) at poll `polls`
-    /// and time `now` is due; `random` draws within `PollsBetween`.
-    pub(super) fn new(timing: SimTiming, polls: u64, now: u64, random: u64) -> Due {
-        match timing {
-            SimTiming::Polls(n) => Due::Poll(polls + u64::from(n.max(1))),
+impl SimTiming {
+    /// When something under this timing committed (or started) at poll
+    /// `polls` and time `now` is due; `random` draws within
+    /// `PollsBetween`.
+    pub(super) fn due(self, polls: u64, now: u64, random: u64) -> Due {
+        match self {
+            SimTiming::Polls(n) => Due::after_polls(polls, u64::from(n)),
             SimTiming::PollsBetween(lo, hi) => {
                 let (lo, hi) = (u64::from(lo.max(1)), u64::from(hi.max(lo).max(1)));
-                Due::Poll(polls + lo + random % (hi - lo + 1))
+                Due::after_polls(polls, lo + random % (hi - lo + 1))
             }
-            SimTiming::Delay(d) => {
-                Due::Time(now.saturating_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)))
-            }
+            SimTiming::Delay(d) => Due::after_time(now, d),
         }
-    }
-
-    pub(super) fn passed(self, polls: u64, now: u64) -> bool {
-        match self {
-            Due::Poll(p) => p <= polls,
-            Due::Time(t) => t <= now,
-        }
-    }
-
-    /// The time it arms the wake descriptor for, if any.
-    pub(super) fn time(self) -> Option<u64> {
-        match self {
-            Due::Time(t) => Some(t),
-            Due::Poll(_) => None,
-        }
-    }
-}
-
-impl Conn {
-    pub(super) fn is_empty(&self) -> bool {
-        self.lanes.iter().all(|l| l.queue.is_empty())
     }
 }
 
@@ -110,14 +89,14 @@ impl<D: Driver> SimDriver<D> {
             unreachable: MemKinds::NONE,
             state: state.clone(),
             conns: Vec::new(),
-            flushes: VecDeque::new(),
+            held: HeldLanes::new(),
+            flushes: HeldFlushes::new(),
             handshakes: Vec::new(),
             ready: VecDeque::new(),
             flushes_touched: false,
             touched: Vec::new(),
             polls: 0,
-            seq: 0,
-            rng: 1,
+            rng: Rng::new(1),
             candidates: Vec::new(),
             timer,
             armed: None,
@@ -188,7 +167,15 @@ impl<D: Driver> SimDriver<D> {
     }
 
     pub(super) fn next_random(&mut self) -> u64 {
-        xorshift(&mut self.rng)
+        self.rng.next()
+    }
+
+    /// Where this poll is (at `now`), for what is due.
+    pub(super) fn moment(&self, now: u64) -> Moment {
+        Moment {
+            polls: self.polls,
+            ns: now,
+        }
     }
 
     pub(super) fn conn(&self, ep: DriverEp) -> Option<&Conn> {
@@ -233,8 +220,7 @@ impl<D: Driver> SimDriver<D> {
 
     /// Completes `token` with `Canceled` from the next poll.
     pub(super) fn cancel(&mut self, token: Token) {
-        self.ready
-            .push_back(Completion::new(token, Err(Status::Canceled)));
+        self.ready.push_back(forward::canceled(token));
         self.state().stats.canceled += 1;
     }
 
@@ -242,14 +228,10 @@ impl<D: Driver> SimDriver<D> {
     /// handshake.
     pub(super) fn cancel_conn(&mut self, ep: DriverEp) {
         let mut tokens = Vec::new();
-        if let Some(conn) = self.conn_mut(ep) {
-            for lane in &mut conn.lanes {
-                tokens.extend(lane.queue.drain(..).map(|h| h.token));
-            }
+        if self.conn(ep).is_some() {
+            tokens.extend(self.held.drain_ep(ep).iter().map(|h| h.token));
         }
-        let (gone, kept): (Vec<_>, Vec<_>) = self.flushes.drain(..).partition(|f| f.ep == ep);
-        self.flushes = kept.into();
-        tokens.extend(gone.iter().map(|f| f.token));
+        tokens.extend(self.flushes.take_ep(ep).iter().map(|f| f.token));
         let (gone, kept): (Vec<_>, Vec<_>) = self.handshakes.drain(..).partition(|h| h.ep == ep);
         self.handshakes = kept;
         tokens.extend(gone.iter().map(|h| h.token));
@@ -262,8 +244,9 @@ impl<D: Driver> SimDriver<D> {
     pub(super) fn release_drained(&mut self) {
         for index in 0..self.conns.len() {
             let ep = DriverEp(index as u32);
-            let drained = self.conn(ep).is_some_and(|c| c.closing && c.is_empty())
-                && !self.flushes.iter().any(|f| f.ep == ep);
+            let drained = self.conn(ep).is_some_and(|c| c.closing)
+                && self.held.ep_is_idle(ep)
+                && !self.flushes.any_on(ep);
             if drained {
                 let conn = self.conns[index].take().expect("checked above");
                 if !conn.dead {
@@ -273,34 +256,16 @@ impl<D: Driver> SimDriver<D> {
         }
     }
 
-    /// Whether lane `lane` of `ep` still holds an operation at or before
-    /// sequence number `seq`.
-    pub(super) fn holds_before(&self, ep: DriverEp, lanes: LaneMask, seq: u64) -> bool {
-        self.conn(ep).is_some_and(|conn| {
-            conn.lanes
-                .iter()
-                .enumerate()
-                .any(|(l, lane)| lanes & (1 << l) != 0 && lane.queue.iter().any(|h| h.seq <= seq))
-        })
-    }
-
-    /// How many operations at the front of `lane` may execute now, and of
-    /// those which are due: for an ordered lane the head alone; for an
-    /// unordered one everything before the first later operation that
+    /// How many operations at the front of `lane` of `ep` may execute
+    /// now: for a lane the inner driver orders the head alone; for an
+    /// unordered one everything due before the first later operation that
     /// carries the transport fence flag.
     pub(super) fn eligible(&self, ep: DriverEp, lane: u8, now: u64) -> usize {
-        let Some(conn) = self.conn(ep) else { return 0 };
-        let queue = &conn.lanes[lane as usize].queue;
-        let due = |h: &Held| h.due.is_some_and(|d| d.passed(self.polls, now));
-        if self.inner.capabilities().ordered_lanes {
-            return usize::from(queue.front().is_some_and(due));
+        if self.conn(ep).is_none() {
+            return 0;
         }
-        let fence_at = queue
-            .iter()
-            .skip(1)
-            .position(|h| h.op.fence)
-            .map_or(queue.len(), |i| i + 1);
-        queue.iter().take(fence_at).filter(|h| due(h)).count()
+        let ordered = self.inner.capabilities().ordered_lanes;
+        self.held.eligible(ep, lane, ordered, self.moment(now))
     }
 
     /// Checks an operation about to execute against what quiesce and
@@ -337,46 +302,33 @@ impl<D: Driver> SimDriver<D> {
         s.violations.len() == before
     }
 
-    /// Executes one held operation at the inner driver: `Ok(Some(..))`
-    /// its completion, `Ok(None)` the inner driver completes it later,
-    /// `Err(held)` the inner driver had no room (the caller puts it back).
+    /// Executes one held operation at the inner driver: its completion,
+    /// `Later` if the inner driver completes it later, `Full` if it had no
+    /// room (the caller puts the operation back).
     /// An execution the contract forbids (see `check_execution`) is
     /// recorded and refused: it completes with `AccessDenied` without
     /// touching memory, so a misbehaving engine cannot make a test use
     /// freed memory.
     #[allow(unsafe_code)] // forwards the unsafe `post`
-    pub(super) fn execute(&mut self, ep: DriverEp, held: Held) -> Result<Option<Completion>, Held> {
-        if !self.check_execution(ep, &held) {
-            return Ok(Some(Completion::new(held.token, Err(Status::AccessDenied))));
+    pub(super) fn execute(&mut self, ep: DriverEp, held: &Held) -> Forwarded {
+        if !self.check_execution(ep, held) {
+            return Forwarded::Done(Completion::new(held.token, Err(Status::AccessDenied)));
         }
         // SAFETY: `held.op` came through our `post`, whose caller keeps its
         // local memory allocated and registered until its completion is
         // returned or `quiesce` returns; neither has happened (a quiesce
         // that covered it removed it from the lanes, and `check_execution`
         // refuses anything after one).
-        match unsafe { self.inner.post(ep, &held.op, held.token) } {
-            Posted::Done(result) => {
-                if result.is_ok() {
-                    let remote_addr = held.op.remote.map_or(0, |(_, addr)| addr);
-                    self.state().log.push(Executed {
-                        ep,
-                        lane: held.op.lane,
-                        kind: held.op.kind,
-                        remote_addr,
-                        operand: held.op.operand,
-                        fence: held.op.fence,
-                    });
-                }
-                Ok(Some(Completion::new(held.token, result)))
-            }
-            Posted::InFlight => Ok(None),
-            Posted::NoResource => {
-                let mut s = self.state();
-                s.stats.inner_no_resource += 1;
-                s.stats.executed -= 1;
-                Err(held)
-            }
+        let forwarded = unsafe { forward::post(&mut self.inner, ep, &held.op, held.token) };
+        if forwarded.succeeded() {
+            self.state().log.push(Executed::of(ep, &held.op));
         }
+        if let Forwarded::Full = forwarded {
+            let mut s = self.state();
+            s.stats.inner_no_resource += 1;
+            s.stats.executed -= 1;
+        }
+        forwarded
     }
 
     /// Executes due operations, lanes visited in a random order, into
@@ -390,10 +342,11 @@ impl<D: Driver> SimDriver<D> {
                 if conn.connecting || conn.dead {
                     continue;
                 }
+                let ep = DriverEp(index as u32);
                 for (l, lane) in conn.lanes.iter().enumerate() {
-                    if !lane.queue.is_empty()
+                    if !self.held.is_idle(ep, l as u8)
                         && lane.blocked_at != self.polls
-                        && self.eligible(DriverEp(index as u32), l as u8, now) > 0
+                        && self.eligible(ep, l as u8, now) > 0
                     {
                         candidates.push((index as u32, l as u8));
                     }
@@ -402,40 +355,31 @@ impl<D: Driver> SimDriver<D> {
             if candidates.is_empty() {
                 break;
             }
-            let k = (self.next_random() % candidates.len() as u64) as usize;
+            let k = self.rng.below(candidates.len());
             let (e, l) = candidates[k];
             let ep = DriverEp(e);
             // The head of an ordered lane; on an unordered one, any due
-            // operation before the next fence-flagged one (the eligible
-            // ones are the first due ones).
-            let eligible = self.eligible(ep, l, now) as u64;
-            let nth = if eligible > 1 {
-                (self.next_random() % eligible) as usize
-            } else {
-                0
+            // operation before the next fence-flagged one, drawn.
+            let ordered = self.inner.capabilities().ordered_lanes;
+            let at = self.moment(now);
+            let rng = &mut self.rng;
+            let draw = |eligible: usize| {
+                if eligible > 1 { rng.below(eligible) } else { 0 }
             };
-            let polls = self.polls;
-            let lane = &mut self.conns[e as usize].as_mut().expect("candidate").lanes[l as usize];
-            let pick = lane
-                .queue
-                .iter()
-                .enumerate()
-                .filter(|(_, h)| h.due.is_some_and(|d| d.passed(polls, now)))
-                .nth(nth)
-                .map_or(0, |(i, _)| i);
-            let held = lane.queue.remove(pick).expect("picked index exists");
-            match self.execute(ep, held) {
-                Ok(Some(c)) => {
+            let pick = self.held.pick(ep, l, ordered, at, draw).unwrap_or(0);
+            let held = self.held.take(ep, l, pick);
+            match self.execute(ep, &held) {
+                Forwarded::Done(c) => {
                     out[*n] = c;
                     *n += 1;
                 }
-                Ok(None) => {}
-                Err(held) => {
+                Forwarded::Later => {}
+                Forwarded::Full => {
                     // The inner driver is full: keep it in place, try later.
-                    let lane =
-                        &mut self.conns[e as usize].as_mut().expect("candidate").lanes[l as usize];
-                    lane.queue.insert(pick, held);
-                    lane.blocked_at = polls;
+                    self.held.put_back(ep, l, pick, held);
+                    let polls = self.polls;
+                    self.conns[e as usize].as_mut().expect("candidate").lanes[l as usize]
+                        .blocked_at = polls;
                     self.retry_at = Some(now + 1_000_000);
                 }
             }
@@ -446,26 +390,26 @@ impl<D: Driver> SimDriver<D> {
     /// Completes due flushes whose lanes hold nothing older, into
     /// `out[*n..]`.
     pub(super) fn run_flushes(&mut self, now: u64, out: &mut [Completion], n: &mut usize) {
+        let at = self.moment(now);
         let mut i = 0;
-        while i < self.flushes.len() && *n < out.len() {
-            let f = self.flushes[i];
-            let due = f.due.is_some_and(|d| d.passed(self.polls, now));
-            if !due || self.holds_before(f.ep, f.lanes, f.seq) {
-                i += 1;
-                continue;
-            }
+        while *n < out.len() {
+            let Some(next) = self.flushes.next_ready(i, &self.held, at) else {
+                break;
+            };
+            i = next;
+            let f = self.flushes.get(i);
             self.state().flush_log.push((f.ep, f.lanes));
-            match self.inner.flush(f.ep, f.lanes, f.token) {
-                Posted::Done(result) => {
+            match forward::flush(&mut self.inner, f.ep, f.lanes, f.token) {
+                Forwarded::Done(c) => {
                     self.flushes.remove(i);
-                    out[*n] = Completion::new(f.token, result);
+                    out[*n] = c;
                     *n += 1;
                 }
                 // The inner driver completes it through its own poll.
-                Posted::InFlight => {
+                Forwarded::Later => {
                     self.flushes.remove(i);
                 }
-                Posted::NoResource => {
+                Forwarded::Full => {
                     self.state().flush_log.pop();
                     self.retry_at = Some(now + 1_000_000);
                     i += 1;
@@ -479,7 +423,7 @@ impl<D: Driver> SimDriver<D> {
         let mut i = 0;
         while i < self.handshakes.len() && *n < out.len() {
             let h = self.handshakes[i];
-            if !h.due.passed(self.polls, now) {
+            if !h.due.passed(self.moment(now)) {
                 i += 1;
                 continue;
             }
@@ -505,35 +449,34 @@ impl<D: Driver> SimDriver<D> {
     /// The earliest moment something held becomes due, or is due already
     /// (`now`), for the wake descriptor.
     pub(super) fn next_due(&self, now: u64) -> Option<u64> {
-        let polls = self.polls;
+        let at = self.moment(now);
         let mut earliest = self.retry_at;
         let mut consider = |due: Option<Due>| {
-            let at = match due {
-                Some(d) if d.passed(polls, now) => Some(now),
+            let when = match due {
+                Some(d) if d.passed(at) => Some(now),
                 Some(d) => d.time(),
                 None => None,
             };
-            if let Some(at) = at {
-                earliest = Some(earliest.map_or(at, |e: u64| e.min(at)));
+            if let Some(when) = when {
+                earliest = Some(earliest.map_or(when, |e: u64| e.min(when)));
             }
         };
         if !self.ready.is_empty() {
             consider(Some(Due::Time(now)));
         }
-        for conn in self.conns.iter().flatten() {
+        for (index, conn) in self.conns.iter().enumerate() {
+            let Some(conn) = conn else { continue };
             if conn.connecting || conn.dead {
                 continue;
             }
-            for lane in &conn.lanes {
-                // Operations behind the head wait for it; the head (or any,
-                // on an unordered lane) decides. Considering them all only
-                // risks an early, harmless wake-up.
-                for h in &lane.queue {
-                    consider(h.due);
-                }
+            // Operations behind a lane's head wait for it; the head (or
+            // any, on an unordered lane) decides. Considering them all only
+            // risks an early, harmless wake-up.
+            for h in self.held.ops(DriverEp(index as u32)) {
+                consider(h.due);
             }
         }
-        for f in &self.flushes {
+        for f in self.flushes.iter() {
             consider(f.due);
         }
         for h in &self.handshakes {
@@ -550,12 +493,12 @@ impl<D: Driver> SimDriver<D> {
         let unpassed = |due: Option<Due>| matches!(due, Some(Due::Poll(p)) if p > polls);
         self.conns
             .iter()
-            .flatten()
-            .filter(|c| !c.connecting && !c.dead)
-            .any(|c| {
-                c.lanes
-                    .iter()
-                    .any(|l| l.queue.iter().any(|h| unpassed(h.due)))
+            .enumerate()
+            .filter(|(_, c)| c.as_ref().is_some_and(|c| !c.connecting && !c.dead))
+            .any(|(index, _)| {
+                self.held
+                    .ops(DriverEp(index as u32))
+                    .any(|h| unpassed(h.due))
             })
             || self.flushes.iter().any(|f| unpassed(f.due))
             || self.handshakes.iter().any(|h| unpassed(Some(h.due)))
