@@ -102,8 +102,8 @@ pub(crate) struct SendQueue {
     batches: [Box<Batch>; 2],
     /// The batch being filled.
     open: usize,
-    /// The other batch is in the kernel.
-    in_flight: bool,
+    /// The other batch is in the kernel (a send is in flight).
+    sending: bool,
     /// Room of the filling batch that requests may not take: (bytes,
     /// iovecs) kept for answers on a connection that carries requests both
     /// ways.
@@ -119,7 +119,7 @@ impl std::fmt::Debug for SendQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SendQueue")
             .field("queued", &self.queued())
-            .field("in_flight", &self.in_flight)
+            .field("sending", &self.sending)
             .finish()
     }
 }
@@ -139,7 +139,7 @@ impl SendQueue {
         SendQueue {
             batches: [Batch::new(bytes, iovs), Batch::new(bytes, iovs)],
             open: 0,
-            in_flight: false,
+            sending: false,
             reserve: (0, 0),
         }
     }
@@ -169,8 +169,8 @@ impl SendQueue {
     /// Whether a batch queued or in flight sends bytes straight from a
     /// window of registration `key` ([`SendQueue::push_window`]).
     pub(crate) fn holds_window(&self, key: u32) -> bool {
-        let in_flight = self.in_flight && self.batches[self.open ^ 1].windows.contains(&key);
-        in_flight || self.batches[self.open].windows.contains(&key)
+        let sending = self.sending && self.batches[self.open ^ 1].windows.contains(&key);
+        sending || self.batches[self.open].windows.contains(&key)
     }
 
     fn open(&mut self) -> &mut Batch {
@@ -193,8 +193,8 @@ impl SendQueue {
     }
 
     /// Whether a send is in flight.
-    pub(crate) fn is_flying(&self) -> bool {
-        self.in_flight
+    pub(crate) fn is_sending(&self) -> bool {
+        self.sending
     }
 
     /// Copies `parts` into the filling batch; `false` (nothing queued) if
@@ -283,10 +283,10 @@ impl SendQueue {
     /// Starts sending the filled batch if nothing is in flight: returns
     /// its msghdr, valid until the send completes.
     pub(crate) fn start(&mut self) -> Option<*const libc::msghdr> {
-        if self.in_flight || self.batches[self.open].is_empty() {
+        if self.sending || self.batches[self.open].is_empty() {
             return None;
         }
-        self.in_flight = true;
+        self.sending = true;
         let sending = self.open;
         self.open ^= 1;
         Some(self.batches[sending].prepare())
@@ -297,7 +297,7 @@ impl SendQueue {
         let b = &mut self.batches[self.open ^ 1];
         if b.advance(n) {
             b.clear();
-            self.in_flight = false;
+            self.sending = false;
             Sent::Done
         } else {
             Sent::More(b.prepare())

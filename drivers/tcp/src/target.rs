@@ -64,15 +64,25 @@ enum Sink {
     Assemble,
 }
 
-/// One accepted connection's serving state.
+/// Whether the peer sends requests on a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ServeState {
+    /// No HELLO accepted yet: a request is a protocol error.
+    AwaitingHello,
+    /// The peer's HELLO was accepted (its HELLO_ACK queued or held): its
+    /// requests are served.
+    Serving,
+    /// The peer sent BYE: it sends no more requests.
+    Ended,
+}
+
+/// One connection's serving state: the peer's requests on it.
 #[derive(Debug)]
 pub(crate) struct TargetSide {
-    /// The HELLO arrived and was accepted (its HELLO_ACK queued or held).
-    pub(crate) greeted: bool,
+    /// Greeted, serving, or ended.
+    pub(crate) state: ServeState,
     /// The peer's instance, from its HELLO.
     pub(crate) peer_instance: u64,
-    /// The peer sent BYE: it sends no more requests.
-    pub(crate) ended: bool,
     /// The HELLO_ACK of a HELLO that made this connection carry requests
     /// both ways, held until the room kept for answers is free in the
     /// filling batch ([`TargetSide::release_hello_ack`]): the peer sends no
@@ -101,9 +111,8 @@ impl TargetSide {
     /// `notify_size` bytes.
     pub(crate) fn new(notify_size: usize) -> TargetSide {
         TargetSide {
-            greeted: false,
+            state: ServeState::AwaitingHello,
             peer_instance: 0,
-            ended: false,
             held_hello_ack: None,
             sink: Sink::Drop(Status::InvalidArgument),
             ack: None,
@@ -117,7 +126,17 @@ impl TargetSide {
     /// Whether the peer sends requests on this connection (it greeted and
     /// has not said BYE).
     pub(crate) fn serving(&self) -> bool {
-        self.greeted && !self.ended
+        self.state == ServeState::Serving
+    }
+
+    /// Whether the peer's HELLO was accepted (BYE since or not).
+    pub(crate) fn greeted(&self) -> bool {
+        self.state != ServeState::AwaitingHello
+    }
+
+    /// Whether the peer said BYE.
+    pub(crate) fn ended(&self) -> bool {
+        self.state == ServeState::Ended
     }
 
     /// Queues a held HELLO_ACK once the room kept for answers is free in
@@ -163,7 +182,7 @@ pub(crate) struct Requests<'a> {
     /// from the window, and room for answers is kept (see [`wire`]).
     ///
     /// [`wire`]: crate::wire
-    pub(crate) duplex: bool,
+    pub(crate) gets_from_window: bool,
     /// A lane of ours sends on this connection: a HELLO makes it carry
     /// requests both ways, and its HELLO_ACK is held
     /// ([`TargetSide::release_hello_ack`]).
@@ -276,7 +295,7 @@ impl Requests<'_> {
         };
         // SAFETY: `[addr, addr + len)` lies inside a live registration
         // (checked by the caller). Deregistering it waits until no queued
-        // or flying batch sends from its window (`holds_window`, the
+        // or in-flight batch sends from its window (`holds_window`, the
         // driver's `quiesce`), closing the connection if the peer does not
         // take the data in time, and waiting out the canceled send.
         let queued = unsafe {
@@ -346,22 +365,24 @@ impl Handler for Requests<'_> {
             )));
         }
         if h.opcode == Opcode::Bye {
-            if !self.serve.greeted {
-                return Err(Stop::Fail(Broken::Protocol("a BYE before HELLO")));
-            }
-            if self.serve.ended {
-                return Err(Stop::Fail(Broken::Protocol("a second BYE")));
-            }
-            // Answers already queued keep their order; a held ACK goes at
-            // the next commit as usual.
-            self.serve.ended = true;
-            return Ok(());
+            return match self.serve.state {
+                ServeState::AwaitingHello => {
+                    Err(Stop::Fail(Broken::Protocol("a BYE before HELLO")))
+                }
+                ServeState::Ended => Err(Stop::Fail(Broken::Protocol("a second BYE"))),
+                ServeState::Serving => {
+                    // Answers already queued keep their order; a held ACK
+                    // goes at the next commit as usual.
+                    self.serve.state = ServeState::Ended;
+                    Ok(())
+                }
+            };
         }
-        if self.serve.ended {
+        if self.serve.ended() {
             return Err(Stop::Fail(Broken::Protocol("a request after BYE")));
         }
         if h.opcode == Opcode::Hello {
-            if self.serve.greeted {
+            if self.serve.greeted() {
                 return Err(Stop::Fail(Broken::Protocol("a second HELLO")));
             }
             let status = if h.operand != self.instance {
@@ -384,20 +405,21 @@ impl Handler for Requests<'_> {
                 // Sent by the driver once the answer room is free; the
                 // reader goes on meanwhile (it never waits for room here).
                 self.serve.held_hello_ack = Some(ack);
-                self.serve.greeted = true;
+                self.serve.state = ServeState::Serving;
                 self.serve.peer_instance = h.seq;
                 return Ok(());
             }
             if !self.send.push_copy(&[&ack.encode()]) {
                 return Err(Stop::Pause);
             }
-            self.serve.greeted = status == 0;
+            // A refused HELLO leaves it awaiting one.
             if status == 0 {
+                self.serve.state = ServeState::Serving;
                 self.serve.peer_instance = h.seq;
             }
             return Ok(());
         }
-        if !self.serve.greeted {
+        if !self.serve.greeted() {
             return Err(Stop::Fail(Broken::Protocol("a request before HELLO")));
         }
         // Answers go out in order: a GET still being sent comes first, and
@@ -438,7 +460,7 @@ impl Handler for Requests<'_> {
                     debug_assert!(queued, "room was checked");
                     return Ok(());
                 }
-                if self.duplex {
+                if self.gets_from_window {
                     return self.get_by_reference(h);
                 }
                 self.serve.get = Some(GetJob {
@@ -551,7 +573,7 @@ mod tests {
             regs: &[],
             notify: Some(pool),
             instance: 1,
-            duplex: false,
+            gets_from_window: false,
             hold_hello_ack: false,
         };
         for chunk in frame.chunks(piece) {
@@ -568,7 +590,7 @@ mod tests {
     fn notifications_in_pieces_are_assembled_in_storage_that_never_grows() {
         let pool = NotifyPool::new(1000, 4096).unwrap();
         let mut serve = TargetSide::new(pool.buffer_size() as usize);
-        serve.greeted = true;
+        serve.state = ServeState::Serving;
         let mut send = SendQueue::new(64 << 10, 64);
         let storage = (serve.assembly.as_ptr(), serve.assembly.len());
         for seq in 0..1000u64 {
@@ -593,7 +615,7 @@ mod tests {
     fn a_notification_longer_than_the_storage_is_refused_not_grown() {
         let pool = NotifyPool::new(4, 4096).unwrap();
         let mut serve = TargetSide::new(1000);
-        serve.greeted = true;
+        serve.state = ServeState::Serving;
         let mut send = SendQueue::new(64 << 10, 64);
         let storage = (serve.assembly.as_ptr(), serve.assembly.len());
         feed(&mut serve, &mut send, &pool, &notify_frame(0, 1000), 300);

@@ -41,7 +41,7 @@ impl Tcp {
         &mut self,
         fd: OwnedFd,
         our_lane: Option<(u32, u8)>,
-        peer: SockaddrStorage,
+        connect_to: SockaddrStorage,
     ) -> u32 {
         let notify_size = self.notify.as_ref().map_or(0, |p| p.buffer_size() as usize);
         let slot = match self.free_conns.pop() {
@@ -54,32 +54,33 @@ impl Tcp {
         };
         let generation = self.generations[slot as usize].wrapping_add(1);
         self.generations[slot as usize] = generation;
-        let fixed = self.uring.fix(slot, fd.as_raw_fd());
+        let fixed_file = self.uring.fix(slot, fd.as_raw_fd());
+        // A lane's own connection connects first; an accepted one is open.
+        let (state, lane) = match our_lane {
+            Some((ep, lane)) => (ConnState::Connecting, OurLane::Sending { ep, lane }),
+            None => (ConnState::Open, OurLane::Never),
+        };
         self.conns[slot as usize] = Some(Box::new(Conn {
-            fixed,
+            fixed_file,
             fd,
             generation,
-            our_lane,
-            served_our_lane: our_lane.is_some(),
+            state,
+            our_lane: lane,
             accepted: our_lane.is_none(),
             duplex: false,
             gets_from_window: false,
-            peer_ip: None,
+            accepted_from: None,
             reader: Reader::new(MAX_LEN),
             send: SendQueue::new(self.config.send_buffer, 1024),
-            peer,
+            connect_to,
             in_flight: 0,
-            connected: our_lane.is_none(),
-            recv_armed: false,
-            spinning: false,
-            spin: 0,
+            recv: Receive::Idle,
+            recv_mode: RecvMode::Multishot,
             on_send_list: false,
-            closing: false,
             backlog: VecDeque::with_capacity(usize::from(self.uring.buffer_count())),
             serve: TargetSide::new(notify_size),
-            direct: Direct::Off,
             direct_unread: 0,
-            ack: AckHold::None,
+            ack_hold: AckHold::None,
         }));
         slot
     }
@@ -99,12 +100,12 @@ impl Tcp {
         let Some(conn) = live(&mut self.conns, slot) else {
             return;
         };
-        if conn.closing {
+        if conn.closing() {
             return;
         }
-        conn.closing = true;
+        conn.state = ConnState::Closing;
         conn.send.discard();
-        let our_lane = conn.our_lane.take();
+        let our_lane = conn.our_lane.let_go();
         // A lane of ours on a connection we accepted adopted it.
         let adopted = conn.accepted;
         let generation = conn.generation;
@@ -135,7 +136,8 @@ impl Tcp {
             return false;
         };
         let up = ep.lanes.get(usize::from(lane)).is_none_or(|l| l.up);
-        if up || self.tearing_down || !matches!(ep.state, EpState::Connecting(_)) {
+        let tearing_down = self.teardown.is_some();
+        if up || tearing_down || !matches!(ep.state, EpState::Connecting(_)) {
             return false;
         }
         let (peer, lanes) = (ep.peer, ep.lanes.len() as u8);
@@ -187,8 +189,8 @@ impl Tcp {
             .expect("just added");
         let entry = on_socket!(conn, |fd| opcode::Connect::new(
             fd,
-            conn.peer.as_ptr(),
-            conn.peer.len(),
+            conn.connect_to.as_ptr(),
+            conn.connect_to.len(),
         )
         .build())
         .user_data(uring::user_data(Tag::Connect, slot, conn.generation));
@@ -207,17 +209,17 @@ impl Tcp {
     pub(super) fn adoptable(&self, peer: &Address) -> Option<u32> {
         let fits = |c: &Conn| {
             c.accepted
-                && !c.served_our_lane
-                && !c.closing
+                && c.our_lane == OurLane::Never
+                && !c.closing()
                 && c.serve.serving()
                 && c.serve.peer_instance == peer.instance
-                && c.peer_ip == Some(peer.socket.ip())
+                && c.accepted_from == Some(peer.socket.ip())
                 && !c.serve.answering_get()
                 && c.backlog.is_empty()
                 // Nothing queued or in flight: our HELLO fits, and the room
                 // kept for answers is free from the first batch on.
                 && c.send.queued() == 0
-                && !c.send.is_flying()
+                && !c.send.is_sending()
         };
         self.conns
             .iter()
@@ -252,10 +254,12 @@ impl Tcp {
         let Some(conn) = live(&mut self.conns, slot) else {
             return;
         };
-        if conn.closing || conn.our_lane.is_none() {
+        if conn.closing() {
             return;
         }
-        conn.our_lane = None;
+        if conn.our_lane.let_go().is_none() {
+            return;
+        }
         let bye = Header::new(Opcode::Bye, 0).encode();
         if conn.serve.serving() && conn.send.push_copy(&[&bye]) {
             Self::want_send(&mut self.to_send, slot, conn);
@@ -272,11 +276,11 @@ impl Tcp {
         let Some(conn) = live(conns, slot) else {
             return;
         };
-        if conn.closing {
+        if conn.closing() {
             return;
         }
         match conn.our_lane {
-            Some((e, lane)) if conn.serve.greeted && !conn.duplex => {
+            OurLane::Sending { ep: e, lane } if conn.serve.greeted() && !conn.duplex => {
                 conn.duplex = true;
                 conn.send.reserve_answers(ANSWER_ROOM, HEADER_LEN);
                 let lane = eps
@@ -288,7 +292,12 @@ impl Tcp {
                 }
                 tracing::debug!(slot, "tcp: connection carries requests both ways");
             }
-            None if conn.serve.ended || (conn.served_our_lane && !conn.serve.serving()) => {
+            OurLane::Never if conn.serve.ended() => {
+                // The peer sends no more requests, and we never did.
+                self.close_conn(slot, Status::Canceled);
+                return;
+            }
+            OurLane::LetGo if !conn.serve.serving() => {
                 // Neither side sends requests on it any more.
                 self.close_conn(slot, Status::Canceled);
                 return;
@@ -316,10 +325,10 @@ impl Tcp {
             .conns
             .get(slot as usize)
             .and_then(|c| c.as_deref())
-            .is_some_and(|c| c.closing && c.in_flight == 0);
+            .is_some_and(|c| c.closing() && c.in_flight == 0);
         if free {
             if let Some(conn) = self.conns[slot as usize].take() {
-                if let Some(index) = conn.fixed {
+                if let Some(index) = conn.fixed_file {
                     self.uring.unfix(index);
                 }
             }
@@ -334,7 +343,7 @@ impl Tcp {
         let Some(ep) = self.eps.get_mut(e as usize).and_then(Option::as_mut) else {
             return;
         };
-        if matches!(ep.state, EpState::Failed(_)) {
+        if ep.state.failed().is_some() {
             return;
         }
         if let EpState::Connecting(token) = ep.state {
@@ -346,9 +355,9 @@ impl Tcp {
         for lane in &mut ep.lanes {
             lane.fail_all(status);
         }
-        if !ep.on_send_list {
-            ep.on_send_list = true;
-            self.answered.push(e);
+        if !ep.on_report_list {
+            ep.on_report_list = true;
+            self.to_report.push(e);
         }
         // The failing connection is closing already; the others close, or
         // go on carrying the peer's requests (BYE).
@@ -386,8 +395,7 @@ impl Tcp {
         for lane in 0..lanes {
             if let Some(slot) = self.adoptable(&address) {
                 let conn = self.conns[slot as usize].as_deref_mut().expect("adoptable");
-                conn.our_lane = Some((e, lane));
-                conn.served_our_lane = true;
+                conn.our_lane = OurLane::Sending { ep: e, lane };
                 self.queue_hello(slot, e, lane, lanes, address.instance);
                 slots.push(slot);
                 continue;
@@ -411,8 +419,7 @@ impl Tcp {
             state: EpState::Connecting(token),
             lanes: slots.iter().map(|&s| Lane::new(s, depth)).collect(),
             flushes: (0..MAX_FLUSHES).map(|_| None).collect(),
-            on_send_list: false,
-            released: false,
+            on_report_list: false,
         });
         for &slot in &slots {
             self.settle(slot);
@@ -425,18 +432,20 @@ impl Tcp {
     }
 
     pub(super) fn disconnect_ep(&mut self, ep: DriverEp) {
-        let Some(endpoint) = self.ep_mut(ep) else {
+        let Some(endpoint) = self.eps.get_mut(ep.0 as usize).and_then(Option::as_mut) else {
             return;
         };
-        endpoint.released = true;
-        let on_send_list = endpoint.on_send_list;
-        if !matches!(endpoint.state, EpState::Failed(_)) {
+        if endpoint.state.failed().is_none() {
             self.fail_ep(ep.0, Status::Canceled);
-        } else if !on_send_list {
-            if let Some(endpoint) = self.ep_mut(ep) {
-                endpoint.on_send_list = true;
+        } else if !endpoint.on_report_list {
+            endpoint.on_report_list = true;
+            self.to_report.push(ep.0);
+        }
+        // Failed by now: the slot goes once everything is reported.
+        if let Some(endpoint) = self.ep_mut(ep) {
+            if let Some(status) = endpoint.state.failed() {
+                endpoint.state = EpState::Released(status);
             }
-            self.answered.push(ep.0);
         }
     }
 }

@@ -102,7 +102,7 @@ impl Tcp {
         let peer = SockaddrStorage::from(std::net::SocketAddr::from(([0, 0, 0, 0], 0)));
         let slot = self.add_conn(fd, None, peer);
         if let Some(conn) = self.conns[slot as usize].as_deref_mut() {
-            conn.peer_ip = peer_ip;
+            conn.accepted_from = peer_ip;
         }
         self.arm_recv(slot);
     }
@@ -112,7 +112,7 @@ impl Tcp {
             return;
         };
         conn.in_flight -= 1;
-        if conn.closing {
+        if conn.closing() {
             self.maybe_free(slot);
             return;
         }
@@ -121,7 +121,7 @@ impl Tcp {
             self.close_conn(slot, Status::PeerUnreachable);
             return;
         }
-        conn.connected = true;
+        conn.state = ConnState::Open;
         self.arm_recv(slot);
     }
 
@@ -130,7 +130,7 @@ impl Tcp {
             return;
         };
         conn.in_flight -= 1;
-        if conn.closing {
+        if conn.closing() {
             self.maybe_free(slot);
             return;
         }
@@ -151,7 +151,7 @@ impl Tcp {
             }
         }
         // Room freed: a paused reader (answers waiting for room) goes on.
-        if conn.accepted || conn.serve.greeted {
+        if conn.accepted || conn.serve.greeted() {
             self.drain(slot);
         }
         if let Some(conn) = self.conns[slot as usize].as_deref_mut() {
@@ -178,28 +178,28 @@ impl Tcp {
         };
         let more = cqueue::more(flags);
         if !more {
-            conn.recv_armed = false;
+            conn.recv.buffer_receive_ended();
             conn.in_flight -= 1;
         }
-        if conn.closing {
+        if conn.closing() {
             self.uring.recycle(bid);
             self.maybe_free(slot);
             return;
         }
         match (res, bid) {
             (n, Some(bid)) if n > 0 => {
-                if conn.spinning && n as u32 >= self.config.recv_buffer_size {
-                    // A full buffer: a stream, which the multishot
-                    // receive takes faster (many buffers per entry).
-                    conn.spin = 0;
+                if let RecvMode::Busy { empty_left } = &mut conn.recv_mode {
+                    if n as u32 >= self.config.recv_buffer_size {
+                        // A full buffer: a stream, which the multishot
+                        // receive takes faster (many buffers per entry).
+                        *empty_left = 0;
+                    }
                 }
                 conn.backlog.push_back((bid, n as u32, 0));
-                let spinning = conn.spinning;
+                let busy = conn.recv_mode.busy();
                 self.drain(slot);
                 if !more {
-                    if spinning
-                        && live(&mut self.conns, slot).is_some_and(|c| c.direct == Direct::Off)
-                    {
+                    if busy && live(&mut self.conns, slot).is_some_and(|c| !c.recv.is_direct()) {
                         // Not in this round's commit: the application
                         // sees what came without waiting for another
                         // `io_uring_enter` (as AckHold).
@@ -209,9 +209,11 @@ impl Tcp {
                     }
                 }
             }
-            (n, _) if n == -libc_errno::EAGAIN && conn.spinning => {
+            (n, _) if n == -libc_errno::EAGAIN && conn.recv_mode.busy() => {
                 // A busy receive found nothing.
-                conn.spin = conn.spin.saturating_sub(1);
+                if let RecvMode::Busy { empty_left } = &mut conn.recv_mode {
+                    *empty_left = empty_left.saturating_sub(1);
+                }
                 self.uring.recycle(bid);
                 self.receive_again(slot);
             }
@@ -247,10 +249,10 @@ impl Tcp {
         let Some(conn) = live(&mut self.conns, slot) else {
             return;
         };
-        if conn.closing {
+        if conn.closing() {
             return;
         }
-        if conn.direct == Direct::Stopping {
+        if conn.recv.stopping() {
             self.start_direct(slot);
         } else {
             self.rearm.push(slot);
@@ -264,6 +266,12 @@ impl Tcp {
         let Some(conn) = live(&mut self.conns, slot) else {
             return;
         };
+        // Called once the buffer receive has ended (`receive_again`,
+        // `on_direct`) or when none is in flight (`arm_recv`).
+        debug_assert!(
+            !matches!(conn.recv, Receive::Buffers | Receive::StoppingForDirect),
+            "a direct receive beside a buffer receive"
+        );
         // Only a PUT's payload: the reader may have moved on to an answer's
         // (GET data for a lane of ours) since the multishot was stopped.
         let target = match (conn.reader.in_payload(), conn.serve.write_target()) {
@@ -273,7 +281,7 @@ impl Tcp {
             _ => None,
         };
         let Some((h, at, addr)) = target else {
-            conn.direct = Direct::Off;
+            conn.recv.direct_off();
             self.rearm.push(slot);
             return;
         };
@@ -288,9 +296,9 @@ impl Tcp {
         // window answers `Pending` until it has (or `Leak`).
         if unsafe { self.uring.push(&entry) }.is_ok() {
             conn.in_flight += 1;
-            conn.direct = Direct::Receiving { key: h.key };
+            conn.recv = Receive::Direct { key: h.key };
         } else {
-            conn.direct = Direct::Off;
+            conn.recv.direct_off();
             self.rearm.push(slot);
         }
     }
@@ -300,7 +308,7 @@ impl Tcp {
             return;
         };
         conn.in_flight -= 1;
-        if conn.closing {
+        if conn.closing() {
             self.maybe_free(slot);
             return;
         }
@@ -315,13 +323,14 @@ impl Tcp {
             return;
         }
         conn.direct_unread = res as u32;
-        // Moves the reader past the placed bytes (answering the PUT if they
-        // were its last), then takes whatever else is queued.
+        // Moves the reader past the bytes received into the window
+        // (answering the PUT if they were its last), then takes whatever
+        // else is queued.
         self.drain(slot);
         let Some(conn) = live(&mut self.conns, slot) else {
             return;
         };
-        if conn.closing {
+        if conn.closing() {
             return;
         }
         // A short receive (a signal): the rest, straight again.
@@ -338,7 +347,7 @@ impl Tcp {
             regs,
             notify,
             address,
-            answered,
+            to_report,
             recycled,
             to_send,
             held_acks,
@@ -352,12 +361,12 @@ impl Tcp {
         let mut refused = None;
         let mut progressed = false;
         // Our lane's answers, if a lane of ours sends on this connection.
-        let our_lane = conn.our_lane.and_then(|(e, lane)| {
+        let our_lane = conn.our_lane.sending().and_then(|(e, lane)| {
             let endpoint = eps.get_mut(e as usize)?.as_mut()?;
             let instance = endpoint.peer.instance;
             Some((e, endpoint.lanes.get_mut(usize::from(lane))?, instance))
         });
-        let ours_ep = our_lane.as_ref().map(|&(e, _, _)| e);
+        let our_ep = our_lane.as_ref().map(|&(e, _, _)| e);
         if our_lane.as_ref().is_some_and(|(_, lane, _)| lane.up) {
             conn.gets_from_window = true;
         }
@@ -368,8 +377,8 @@ impl Tcp {
                 regs,
                 notify: notify.as_deref(),
                 instance: address.instance,
-                duplex: conn.gets_from_window,
-                hold_hello_ack: conn.our_lane.is_some(),
+                gets_from_window: conn.gets_from_window,
+                hold_hello_ack: conn.our_lane.sending().is_some(),
             },
             answers: our_lane.map(|(_, lane, instance)| Answers {
                 lane,
@@ -377,7 +386,7 @@ impl Tcp {
                 refused: &mut refused,
                 progressed: &mut progressed,
             }),
-            drop_answers: conn.served_our_lane,
+            drop_answers: conn.our_lane != OurLane::Never,
         };
         let direct_unread = std::mem::take(&mut conn.direct_unread);
         if direct_unread > 0 {
@@ -414,45 +423,45 @@ impl Tcp {
         }
         // Answers with data are queued already; the ACK of what this round
         // took waits for the next round's commit (AckHold).
-        if conn.serve.ack_pending() && conn.ack == AckHold::None {
-            conn.ack = AckHold::Fresh;
+        if conn.serve.ack_pending() && conn.ack_hold == AckHold::None {
+            conn.ack_hold = AckHold::Fresh;
             held_acks.push(slot);
         }
         // Inside a large PUT's payload: the rest goes straight into the
         // window once the multishot receive has stopped.
         if let Some((h, at)) = conn.reader.in_payload() {
             let big = h.opcode == Opcode::Put && h.len - at >= config.direct_min;
-            if big
-                && conn.direct == Direct::Off
-                && (conn.recv_armed || conn.spinning)
-                && conn.serve.write_target().is_some()
-            {
-                if conn.recv_armed {
+            // A buffer receive in flight is stopped; busy receiving with
+            // none in flight, the direct receive starts where the next one
+            // would.
+            let can_stop = match conn.recv {
+                Receive::Buffers => true,
+                Receive::Idle => conn.recv_mode.busy(),
+                _ => false,
+            };
+            if big && can_stop && conn.serve.write_target().is_some() {
+                if conn.recv == Receive::Buffers {
                     let recv = uring::user_data(Tag::Recv, slot, conn.generation);
                     let entry = opcode::AsyncCancel::new(recv)
                         .build()
                         .user_data(uring::user_data(Tag::Cancel, slot, conn.generation));
                     // SAFETY: a cancellation names no memory.
                     if unsafe { uring.push(&entry) }.is_ok() {
-                        conn.direct = Direct::Stopping;
+                        conn.recv = Receive::StoppingForDirect;
                     }
                 } else {
-                    // Busy receiving, none in flight: the direct receive
-                    // starts where the next one would (`arm_recv`).
-                    conn.direct = Direct::Stopping;
+                    // Started by the next `arm_recv`.
+                    conn.recv = Receive::DirectNext;
                 }
             }
         }
-        if let Some(e) = ours_ep {
+        if let Some(e) = our_ep {
             let endpoint = eps.get_mut(e as usize).and_then(Option::as_mut);
-            // A failed endpoint was listed when it failed.
+            // A failed endpoint was put on the report list when it failed.
             if let Some(endpoint) = endpoint {
-                if progressed
-                    && !endpoint.on_send_list
-                    && !matches!(endpoint.state, EpState::Failed(_))
-                {
-                    endpoint.on_send_list = true;
-                    answered.push(e);
+                if progressed && !endpoint.on_report_list && endpoint.state.failed().is_none() {
+                    endpoint.on_report_list = true;
+                    to_report.push(e);
                 }
             }
         }
@@ -472,19 +481,23 @@ impl Tcp {
         let Some(conn) = live(&mut self.conns, slot) else {
             return;
         };
-        if conn.recv_armed || conn.closing || matches!(conn.direct, Direct::Receiving { .. }) {
+        if conn.closing() {
             return;
         }
-        if conn.direct == Direct::Stopping {
-            // Asked for while busy receiving, with no receive in flight.
-            self.start_direct(slot);
-            return;
+        match conn.recv {
+            Receive::Buffers | Receive::StoppingForDirect | Receive::Direct { .. } => return,
+            Receive::DirectNext => {
+                // Asked for while busy receiving, with no receive in flight.
+                self.start_direct(slot);
+                return;
+            }
+            Receive::Idle => {}
         }
-        if conn.spinning && conn.spin == 0 {
-            conn.spinning = false;
+        if conn.recv_mode == (RecvMode::Busy { empty_left: 0 }) {
+            conn.recv_mode = RecvMode::Multishot;
         }
         let user_data = uring::user_data(Tag::Recv, slot, conn.generation);
-        let entry = if conn.spinning {
+        let entry = if conn.recv_mode.busy() {
             // Nonblocking: it takes what is there or fails with EAGAIN
             // inside this round's `io_uring_enter`, and arms no poll.
             on_socket!(conn, |fd| opcode::Recv::new(fd, std::ptr::null_mut(), 0)
@@ -501,7 +514,7 @@ impl Tcp {
         // as long as the ring; the descriptor stays open while the request
         // is in flight (`in_flight`).
         if unsafe { self.uring.push(&entry) }.is_ok() {
-            conn.recv_armed = true;
+            conn.recv = Receive::Buffers;
             conn.in_flight += 1;
         }
     }
@@ -514,13 +527,20 @@ impl Tcp {
         let Some(conn) = live(&mut self.conns, slot) else {
             return;
         };
-        conn.spin = SPIN_ROUNDS;
-        if conn.spinning || conn.closing {
+        let busy = RecvMode::Busy {
+            empty_left: SPIN_ROUNDS,
+        };
+        if conn.recv_mode.busy() {
+            // Busy receiving already: the count starts again.
+            conn.recv_mode = busy;
             return;
         }
-        conn.spinning = true;
+        if conn.closing() {
+            return;
+        }
+        conn.recv_mode = busy;
         self.spinners.push(slot);
-        if conn.recv_armed && conn.direct == Direct::Off {
+        if conn.recv == Receive::Buffers {
             let recv = uring::user_data(Tag::Recv, slot, conn.generation);
             let entry = opcode::AsyncCancel::new(recv)
                 .build()
@@ -534,10 +554,10 @@ impl Tcp {
     /// into `out` from index `n`; returns the new `n`.
     pub(super) fn emit(&mut self, out: &mut [Completion], mut n: usize) -> usize {
         let mut i = 0;
-        while i < self.answered.len() && n < out.len() {
-            let e = self.answered[i];
+        while i < self.to_report.len() && n < out.len() {
+            let e = self.to_report[i];
             let Some(ep) = self.eps.get_mut(e as usize).and_then(Option::as_mut) else {
-                self.answered.swap_remove(i);
+                self.to_report.swap_remove(i);
                 continue;
             };
             if let EpState::Connecting(token) = ep.state {
@@ -546,10 +566,7 @@ impl Tcp {
                     self.ready.push_back(Completion::new(token, Ok(0)));
                 }
             }
-            let failed = match ep.state {
-                EpState::Failed(status) => Some(status),
-                _ => None,
-            };
+            let failed = ep.state.failed();
             let mut done = true;
             for lane in &mut ep.lanes {
                 n = lane.emit(out, n);
@@ -572,9 +589,10 @@ impl Tcp {
                 done &= lane.answered == 0;
             }
             if done {
-                ep.on_send_list = false;
-                self.answered.swap_remove(i);
-                if ep.released && ep.lanes.iter().all(|l| l.pending.is_empty()) {
+                ep.on_report_list = false;
+                self.to_report.swap_remove(i);
+                let released = matches!(ep.state, EpState::Released(_));
+                if released && ep.lanes.iter().all(|l| l.pending.is_empty()) {
                     self.eps[e as usize] = None;
                 }
             } else {

@@ -1,17 +1,16 @@
 //! The `Driver` implementation: its types and the trait's methods, with
-//! the work in one file per concern: `connection.rs` (the connection
-//! table, endpoints, connect), `events.rs` (the completion queue and the
+//! the work in one file per concern: `conn.rs` (one connection's state),
+//! `connection.rs` (the connection table, endpoints, connect), `events.rs`
+//! (the completion queue and the
 //! frames it carries), `posting.rs` (operations, flushes, the round's
 //! doorbell), `memory.rs` (windows and keys), `teardown.rs` (quiesce).
 
 use crate::lane::Lane;
-use crate::send::SendQueue;
-use crate::stream::Reader;
-use crate::target::{TargetSide, Window};
+use crate::target::Window;
 use crate::uring::Uring;
 use crate::wire::{Address, DUPLEX_DEPTH, HEADER_LEN};
 use crate::{Config, MAX_LEN};
-use nix::sys::socket::{self, SockaddrStorage, sockopt};
+use nix::sys::socket::{self, sockopt};
 use ringfence::{
     Capabilities, Completion, Connect, Driver, DriverContext, DriverEp, DriverError, DriverMemKey,
     DriverRkey, KeyPart, LaneMask, MemDesc, NotifyPool, Op, PeerLimits, Posted, Prepared, Quiesce,
@@ -52,7 +51,7 @@ const CANCEL_WAIT: Duration = Duration::from_secs(10);
 /// it has one (no descriptor lookup per request), else by its descriptor.
 macro_rules! on_socket {
     ($conn:expr, |$fd:ident| $build:expr) => {
-        match $conn.fixed {
+        match $conn.fixed_file {
             Some(index) => {
                 let $fd = types::Fixed(index);
                 $build
@@ -66,160 +65,39 @@ macro_rules! on_socket {
 }
 
 // After the macro: the files below use it.
+mod conn;
 mod connection;
 mod events;
 mod memory;
 mod posting;
 mod teardown;
 
-/// Busy receives that may find nothing in a row before a connection goes
-/// back to its multishot receive.
-///
-/// A connection that a lane of ours has just posted on awaits an answer.
-/// Until it comes, each commit submits one nonblocking `RECV` on it
-/// (`MSG_DONTWAIT`, a provided buffer) in the round's `io_uring_enter`,
-/// which takes what has arrived or fails with EAGAIN at once. The
-/// multishot receive instead arms a poll: the answer's arrival queues task
-/// work, the ring flags it, and only the next `io_uring_enter` receives
-/// it, which cost about a quarter of a 64-byte loopback ping-pong's
-/// one-way time (`cargo bench -p ringfence-benches --bench tcp_floor`:
-/// `io_uring_spin` against `io_uring`). The round has its enter anyway
-/// while something is to be sent; waiting, it is the one enter the round
-/// may make, for a request that is pending. After this many empty ones (a
-/// peer slow to answer) or one that fills a whole buffer (a stream, which
-/// the multishot receive takes many buffers at a time), the multishot
-/// receive comes back. While any connection busy-receives, the driver
-/// answers `Sleep::NotNow` to a core thread about to sleep: nothing would
-/// signal what arrives.
-const SPIN_ROUNDS: u16 = 64;
+use conn::{AckHold, Conn, ConnState, OurLane, Receive, RecvMode, SPIN_ROUNDS};
 
-/// One TCP connection. Boxed: the kernel holds pointers into it (the
-/// connect address, the send batches' msghdrs) while requests are in
-/// flight.
-///
-/// A connection carries our requests when it is a lane of one of our
-/// endpoints (`our_lane`), and the peer's requests once the peer greeted on it
-/// (`serve`); both at once when one side adopted the other's connection
-/// (see [`wire`](crate::wire), "Both ways on one connection").
-struct Conn {
-    fd: OwnedFd,
-    generation: u32,
-    /// Lane `.1` of our endpoint `.0` sends its requests here.
-    our_lane: Option<(u32, u8)>,
-    /// Some lane of ours used it: answers that still come after it let go
-    /// are dropped, not a protocol error.
-    served_our_lane: bool,
-    /// The peer opened it (we accepted it).
-    accepted: bool,
-    /// The duplex rules are in force (both ways: answer room kept, the
-    /// lane's depth capped).
-    duplex: bool,
-    /// GET data is sent straight from the window: every request the peer
-    /// sends from now on comes under the duplex rules. Set by the first
-    /// drain that finds our lane on it up: on an adopted connection that is
-    /// once our HELLO is answered (the peer's requests before its HELLO_ACK
-    /// may predate its knowing, a GET and a later PUT over its bytes among
-    /// them); on our own, at once (the peer's first request is its HELLO).
-    gets_from_window: bool,
-    /// The peer's address, for an accepted connection (an adopted lane
-    /// must lead to the address the endpoint names).
-    peer_ip: Option<std::net::IpAddr>,
-    reader: Reader,
-    send: SendQueue,
-    /// The peer's address, for the connect request.
-    peer: SockaddrStorage,
-    /// Requests in flight that name this connection (connect, send,
-    /// multishot receive).
-    in_flight: u32,
-    /// Its index in the ring's fixed-file table, if it has one.
-    fixed: Option<u32>,
-    /// The TCP connection is established (a lane's connect completed).
-    connected: bool,
-    /// A receive is in flight: the multishot one, or (while `spinning`) a
-    /// one-shot busy receive whose completion is not taken yet.
-    recv_armed: bool,
-    /// Receiving by busy receives (see [`SPIN_ROUNDS`]) instead of the
-    /// multishot receive.
-    spinning: bool,
-    /// Busy receives left that may find nothing before the multishot
-    /// receive comes back.
-    spin: u16,
-    /// On the send list.
-    on_send_list: bool,
-    closing: bool,
-    /// Received buffers not yet (fully) taken by the reader: (buffer id,
-    /// length, bytes taken).
-    backlog: VecDeque<(u16, u32, u32)>,
-    serve: TargetSide,
-    /// A large PUT's payload received straight into its window.
-    direct: Direct,
-    /// Bytes a direct receive placed that the reader has not moved past.
-    direct_unread: u32,
-    /// Where the pending cumulative ACK of an accepted connection is (see
-    /// [`AckHold`]).
-    ack: AckHold,
-}
-
-/// An accepted connection's pending ACK, held back one round.
-///
-/// The round whose `poll` executes a PUT returns without sending its ACK;
-/// the next round's `commit` sends it, after that round's own requests.
-/// Why: a peer that polls the PUT's window (a ping-pong, a flag word) sees
-/// the data as soon as `progress` returns, instead of after an
-/// `io_uring_enter` that pushes the ACK through the kernel's TCP stack
-/// (about 4 µs of an 11 µs one-way latency on loopback). The ACK then
-/// travels in the same `io_uring_enter` as the answer the application
-/// sends, behind it. ACKs are cumulative, so those of several rounds'
-/// PUTs go as one. Answers that carry data (GET data, atomic results) and
-/// failures are not held, and take a held ACK with them (answers keep
-/// their order).
-///
-/// No ACK is left behind by a sleeping core thread: while one is held the
-/// driver answers `Sleep::NotNow` to `prepare_sleep`, so the core thread
-/// runs the round that sends it before it sleeps.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum AckHold {
-    /// No ACK pending, or one the reader is to queue itself.
-    None,
-    /// Produced in this round: kept by this round's `commit`.
-    Fresh,
-    /// Kept by one `commit`: the next one sends it.
-    Aged,
-}
-
-/// Where a connection is in receiving a large PUT's payload straight into
-/// its window (no copy through the receive buffers): the multishot receive
-/// is stopped, a receive of exactly the rest of the payload into the
-/// window runs, then the multishot receive is armed again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Direct {
-    /// Receiving through the multishot receive.
-    Off,
-    /// The multishot receive is being canceled; what it still delivers is
-    /// taken as usual.
-    Stopping,
-    /// A receive into the window of registration `key` is in flight.
-    Receiving { key: u32 },
-}
-
-impl std::fmt::Debug for Conn {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Conn")
-            .field("fd", &self.fd)
-            .field("our_lane", &self.our_lane)
-            .field("accepted", &self.accepted)
-            .field("duplex", &self.duplex)
-            .field("in_flight", &self.in_flight)
-            .field("closing", &self.closing)
-            .finish_non_exhaustive()
-    }
-}
-
+/// Where an endpoint is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum EpState {
+    /// Greeting the peer on every lane; the connect's completion (this
+    /// token) comes once every HELLO is answered.
     Connecting(Token),
+    /// Every lane is up: operations may be posted.
     Up,
+    /// Failed: every request on it completes with this status.
     Failed(Status),
+    /// Released by `disconnect` (failed, with this status, first): the
+    /// slot goes once everything is reported.
+    Released(Status),
+}
+
+impl EpState {
+    /// The status its requests fail with, once it failed (released or
+    /// not).
+    fn failed(self) -> Option<Status> {
+        match self {
+            EpState::Failed(status) | EpState::Released(status) => Some(status),
+            EpState::Connecting(_) | EpState::Up => None,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -229,16 +107,20 @@ struct Flush {
     remaining: u32,
 }
 
+/// One endpoint: a connection to a peer worker over `lanes.len()` TCP
+/// connections.
 #[derive(Debug)]
 struct Ep {
+    /// The peer's listening address and instance.
     peer: Address,
     state: EpState,
+    /// One per lane, each on its own connection.
     lanes: Vec<Lane>,
+    /// Flushes in flight, by slot (a lane's marks name the slot).
     flushes: Vec<Option<Flush>>,
-    /// On the list of endpoints with answers to report.
-    on_send_list: bool,
-    /// `disconnect` was called: the slot goes once everything is reported.
-    released: bool,
+    /// It is on the driver's list of endpoints with answers to report
+    /// (`to_report`).
+    on_report_list: bool,
 }
 
 /// A deregistered registration that a connection still reaches: GET
@@ -284,8 +166,8 @@ pub struct Tcp {
     rkeys: Vec<Rkey>,
     /// Completions produced outside `poll`'s answers: flushes, connects.
     ready: VecDeque<Completion>,
-    /// Endpoints with answers to report.
-    answered: Vec<u32>,
+    /// Endpoints with answers to report (each once: `Ep::on_report_list`).
+    to_report: Vec<u32>,
     /// Connections with bytes to send.
     to_send: Vec<u32>,
     /// Accepted connections whose ACK is held (see [`AckHold`]).
@@ -300,12 +182,11 @@ pub struct Tcp {
     spin_next: Vec<u32>,
     /// Connections whose multishot receive ended and must be re-armed.
     rearm: Vec<u32>,
+    /// The listener's multishot accept is in flight.
     accept_armed: bool,
-    /// `quiesce(All)` runs: a lane that loses its connection does not open
-    /// another.
-    tearing_down: bool,
-    /// When `quiesce(All)` was first asked.
-    teardown_since: Option<Instant>,
+    /// When `quiesce(All)` was first asked: from then on a lane that loses
+    /// its connection does not open another.
+    teardown: Option<Instant>,
     /// Registrations whose `quiesce` answered `Pending` (see
     /// [`KeyQuiesce`]); their ids are not reused until it is over.
     quiescing: Vec<KeyQuiesce>,
@@ -390,7 +271,7 @@ impl Tcp {
             regs: Vec::new(),
             rkeys: Vec::new(),
             ready: VecDeque::with_capacity(4096),
-            answered: Vec::with_capacity(64),
+            to_report: Vec::with_capacity(64),
             to_send: Vec::with_capacity(64),
             held_acks: Vec::with_capacity(64),
             to_spin: Vec::with_capacity(64),
@@ -398,8 +279,7 @@ impl Tcp {
             spin_next: Vec::with_capacity(64),
             rearm: Vec::with_capacity(64),
             accept_armed: false,
-            tearing_down: false,
-            teardown_since: None,
+            teardown: None,
             quiescing: Vec::new(),
             notify: None,
             recycled: Vec::with_capacity(usize::from(config.recv_buffers)),
@@ -509,9 +389,9 @@ impl Driver for Tcp {
     fn check_alive(&mut self, ep: DriverEp) -> Result<(), Status> {
         match self.ep_mut(ep) {
             None => Err(Status::InvalidEndpoint),
-            Some(endpoint) => match endpoint.state {
-                EpState::Failed(status) => Err(status),
-                _ => Ok(()),
+            Some(endpoint) => match endpoint.state.failed() {
+                Some(status) => Err(status),
+                None => Ok(()),
             },
         }
     }

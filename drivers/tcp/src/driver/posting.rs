@@ -32,18 +32,18 @@ impl Tcp {
             conns
                 .get(slot as usize)
                 .and_then(|c| c.as_deref())
-                .is_some_and(|c| c.our_lane.is_none())
+                .is_some_and(|c| c.our_lane.sending().is_none())
         });
         to_send.retain(|&slot| {
             let Some(conn) = live(conns, slot) else {
                 return false;
             };
-            if conn.closing {
+            if conn.closing() {
                 conn.on_send_list = false;
                 return false;
             }
             // A lane's first bytes (its HELLO) wait for its connect.
-            if !conn.connected || conn.send.is_flying() {
+            if conn.state == ConnState::Connecting || conn.send.is_sending() {
                 return true;
             }
             if let Some(msg) = conn.send.start() {
@@ -70,8 +70,8 @@ impl Tcp {
             let Some(conn) = live(&mut self.conns, slot) else {
                 continue;
             };
-            conn.ack = AckHold::None;
-            if !conn.closing && conn.serve.queue_ack(&mut conn.send) {
+            conn.ack_hold = AckHold::None;
+            if !conn.closing() && conn.serve.queue_ack(&mut conn.send) {
                 Self::want_send(&mut self.to_send, slot, conn);
             }
         }
@@ -104,7 +104,9 @@ impl Tcp {
         };
         match endpoint.state {
             EpState::Up => {}
-            EpState::Failed(status) => return Posted::Done(Err(status)),
+            EpState::Failed(status) | EpState::Released(status) => {
+                return Posted::Done(Err(status));
+            }
             EpState::Connecting(_) => return Posted::Done(Err(Status::EndpointFailed)),
         }
         let Some(lane) = endpoint.lanes.get_mut(usize::from(op.lane)) else {
@@ -202,11 +204,21 @@ impl Tcp {
         lane.push(token, awaits);
         let slot = lane.conn;
         Self::want_send(to_send, slot, conn);
-        // Once per connection until the commit takes the list.
-        if !conn.spinning && conn.spin != SPIN_ROUNDS {
-            to_spin.push(slot);
+        // The answer is awaited: busy receives from the commit on, or on
+        // (the count starts again). Listed once per connection until the
+        // commit takes the list.
+        match conn.recv_mode {
+            RecvMode::Multishot => {
+                to_spin.push(slot);
+                conn.recv_mode = RecvMode::BusyAtCommit;
+            }
+            RecvMode::BusyAtCommit => {}
+            RecvMode::Busy { .. } => {
+                conn.recv_mode = RecvMode::Busy {
+                    empty_left: SPIN_ROUNDS,
+                };
+            }
         }
-        conn.spin = SPIN_ROUNDS;
         Posted::InFlight
     }
 
@@ -214,7 +226,7 @@ impl Tcp {
         let Some(endpoint) = self.ep_mut(ep) else {
             return Posted::Done(Err(Status::InvalidEndpoint));
         };
-        if let EpState::Failed(status) = endpoint.state {
+        if let Some(status) = endpoint.state.failed() {
             return Posted::Done(Err(status));
         }
         let Some(f) = endpoint.flushes.iter().position(Option::is_none) else {
@@ -260,12 +272,12 @@ impl Tcp {
             let Some(conn) = live(conns, slot) else {
                 return false;
             };
-            match conn.ack {
-                AckHold::Fresh if !conn.closing => {
-                    conn.ack = AckHold::Aged;
+            match conn.ack_hold {
+                AckHold::Fresh if !conn.closing() => {
+                    conn.ack_hold = AckHold::Aged;
                     return true;
                 }
-                AckHold::Aged if !conn.closing => {
+                AckHold::Aged if !conn.closing() => {
                     // No room: the batch in flight makes room, and the ACK
                     // goes at a later commit.
                     if !conn.serve.queue_ack(&mut conn.send) {
@@ -275,7 +287,7 @@ impl Tcp {
                 }
                 _ => {}
             }
-            conn.ack = AckHold::None;
+            conn.ack_hold = AckHold::None;
             false
         });
         // Sends first: the kernel runs the entries in order, and a busy
@@ -298,8 +310,9 @@ impl Tcp {
         rearm.append(&mut self.rearm);
         rearm.append(&mut self.spin_next);
         self.rearm = rearm;
-        self.spinners
-            .retain(|&slot| live(&mut self.conns, slot).is_some_and(|c| c.spinning && !c.closing));
+        self.spinners.retain(|&slot| {
+            live(&mut self.conns, slot).is_some_and(|c| c.recv_mode.busy() && !c.closing())
+        });
         if let Err(e) = self.uring.submit() {
             tracing::warn!(%e, "tcp: io_uring submit failed");
         }

@@ -22,10 +22,9 @@ impl Tcp {
     /// write into windows: `Leak`.
     pub(super) fn quiesce_all(&mut self) -> Quiesced {
         let now = Instant::now();
-        let first = self.teardown_since.is_none();
-        let since = *self.teardown_since.get_or_insert(now);
-        if !self.tearing_down {
-            self.tearing_down = true;
+        let first = self.teardown.is_none();
+        let since = *self.teardown.get_or_insert(now);
+        if first {
             self.send_held_acks();
         }
         self.quiescing.clear();
@@ -67,13 +66,13 @@ impl Tcp {
     /// be received straight into it), or a receive straight into it has
     /// not completed (closed or not).
     pub(super) fn holds_key(c: &Conn, key: u32) -> bool {
-        let sending = c.send.holds_window(key) && (c.in_flight > 0 || !c.closing);
-        let writing = !c.closing
+        let sending = c.send.holds_window(key) && (c.in_flight > 0 || !c.closing());
+        let writing = !c.closing()
             && c.serve.write_target().is_some()
             && c.reader
                 .in_payload()
                 .is_some_and(|(h, _)| h.opcode == Opcode::Put && h.key == key);
-        let receiving = c.direct == Direct::Receiving { key } && c.in_flight > 0;
+        let receiving = c.recv == Receive::Direct { key } && c.in_flight > 0;
         sending || writing || receiving
     }
 
