@@ -140,6 +140,9 @@ pub(crate) struct Uring {
     eventfd: EventFd,
     /// Entries of the ring's fixed-file table (0: the kernel refused it).
     fixed_files: u32,
+    /// Receive buffers taken while their bytes were borrowed, to give
+    /// back at once ([`Uring::recycle_taken`]).
+    taken: Vec<u16>,
 }
 
 impl std::fmt::Debug for Uring {
@@ -210,6 +213,7 @@ impl Uring {
             bufs,
             eventfd,
             fixed_files,
+            taken: Vec::with_capacity(usize::from(buffers)),
         })
     }
 
@@ -344,6 +348,21 @@ impl Uring {
         if any {
             self.bufs.publish();
         }
+    }
+
+    /// Buffer `bid` was read to the end: given back to the kernel at the
+    /// next [`recycle_taken`](Uring::recycle_taken), with the others taken
+    /// since (one publication for all).
+    pub(crate) fn recycle_later(&mut self, bid: u16) {
+        self.taken.push(bid);
+    }
+
+    /// Gives back the buffers [`recycle_later`](Uring::recycle_later) set
+    /// aside.
+    pub(crate) fn recycle_taken(&mut self) {
+        let mut taken = std::mem::take(&mut self.taken);
+        self.recycle(taken.drain(..));
+        self.taken = taken;
     }
 
     /// Receive buffers.

@@ -12,7 +12,6 @@ use crate::wire::{Header, Opcode};
 use io_uring::{cqueue, opcode, squeue, types};
 use nix::libc;
 use nix::sys::socket::{self, SockaddrStorage};
-use ringfence::Completion;
 use ringfence_ring::Status;
 use std::os::fd::{AsRawFd, OwnedFd};
 
@@ -101,14 +100,14 @@ impl Tcp {
             });
         let peer = SockaddrStorage::from(std::net::SocketAddr::from(([0, 0, 0, 0], 0)));
         let slot = self.add_conn(fd, None, peer);
-        if let Some(conn) = self.conns[slot as usize].as_deref_mut() {
+        if let Some(conn) = self.conns.live(slot) {
             conn.accepted_from = peer_ip;
         }
         self.arm_recv(slot);
     }
 
     pub(super) fn on_connect(&mut self, slot: u32, generation: u32, res: i32) {
-        let Some(conn) = self.conn_mut(slot, generation) else {
+        let Some(conn) = self.conns.at(slot, generation) else {
             return;
         };
         conn.in_flight -= 1;
@@ -126,7 +125,7 @@ impl Tcp {
     }
 
     pub(super) fn on_send(&mut self, slot: u32, generation: u32, res: i32) {
-        let Some(conn) = conn_at(&mut self.conns, slot, generation) else {
+        let Some(conn) = self.conns.at(slot, generation) else {
             return;
         };
         conn.in_flight -= 1;
@@ -154,8 +153,8 @@ impl Tcp {
         if conn.accepted || conn.serve.greeted() {
             self.drain(slot);
         }
-        if let Some(conn) = self.conns[slot as usize].as_deref_mut() {
-            Self::want_send(&mut self.to_send, slot, conn);
+        if let Some(conn) = self.conns.live(slot) {
+            self.round.want_send(slot, conn);
         }
     }
 
@@ -172,7 +171,7 @@ impl Tcp {
 
     pub(super) fn on_recv(&mut self, slot: u32, generation: u32, res: i32, flags: u32) {
         let bid = cqueue::buffer_select(flags);
-        let Some(conn) = conn_at(&mut self.conns, slot, generation) else {
+        let Some(conn) = self.conns.at(slot, generation) else {
             self.uring.recycle(bid);
             return;
         };
@@ -199,11 +198,11 @@ impl Tcp {
                 let busy = conn.recv_mode.busy();
                 self.drain(slot);
                 if !more {
-                    if busy && live(&mut self.conns, slot).is_some_and(|c| !c.recv.is_direct()) {
+                    if busy && self.conns.live(slot).is_some_and(|c| !c.recv.is_direct()) {
                         // Not in this round's commit: the application
                         // sees what came without waiting for another
                         // `io_uring_enter` (as AckHold).
-                        self.spin_next.push(slot);
+                        self.round.spin_next.push(slot);
                     } else {
                         self.receive_again(slot);
                     }
@@ -246,7 +245,7 @@ impl Tcp {
     /// one was asked for, else the multishot receive is armed again at the
     /// next commit.
     pub(super) fn receive_again(&mut self, slot: u32) {
-        let Some(conn) = live(&mut self.conns, slot) else {
+        let Some(conn) = self.conns.live(slot) else {
             return;
         };
         if conn.closing() {
@@ -255,7 +254,7 @@ impl Tcp {
         if conn.recv.stopping() {
             self.start_direct(slot);
         } else {
-            self.rearm.push(slot);
+            self.round.rearm.push(slot);
         }
     }
 
@@ -263,7 +262,7 @@ impl Tcp {
     /// window, if the reader is still inside it; else goes back to the
     /// multishot receive.
     pub(super) fn start_direct(&mut self, slot: u32) {
-        let Some(conn) = live(&mut self.conns, slot) else {
+        let Some(conn) = self.conns.live(slot) else {
             return;
         };
         // Called once the buffer receive has ended (`receive_again`,
@@ -282,7 +281,7 @@ impl Tcp {
         };
         let Some((h, at, addr)) = target else {
             conn.recv.direct_off();
-            self.rearm.push(slot);
+            self.round.rearm.push(slot);
             return;
         };
         let dst = (addr + u64::from(at)) as usize as *mut u8;
@@ -299,12 +298,12 @@ impl Tcp {
             conn.recv = Receive::Direct { key: h.key };
         } else {
             conn.recv.direct_off();
-            self.rearm.push(slot);
+            self.round.rearm.push(slot);
         }
     }
 
     pub(super) fn on_direct(&mut self, slot: u32, generation: u32, res: i32) {
-        let Some(conn) = conn_at(&mut self.conns, slot, generation) else {
+        let Some(conn) = self.conns.at(slot, generation) else {
             return;
         };
         conn.in_flight -= 1;
@@ -327,7 +326,7 @@ impl Tcp {
         // (answering the PUT if they were its last), then takes whatever
         // else is queued.
         self.drain(slot);
-        let Some(conn) = live(&mut self.conns, slot) else {
+        let Some(conn) = self.conns.live(slot) else {
             return;
         };
         if conn.closing() {
@@ -340,21 +339,10 @@ impl Tcp {
     /// Feeds connection `slot`'s received bytes to its reader, as far as
     /// the reader takes them.
     pub(super) fn drain(&mut self, slot: u32) {
-        let Tcp {
-            uring,
-            conns,
-            eps,
-            regs,
-            notify,
-            address,
-            to_report,
-            recycled,
-            to_send,
-            held_acks,
-            config,
-            ..
-        } = self;
-        let Some(conn) = live(conns, slot) else {
+        // The connection, our lane, the windows and the ring's buffers are
+        // borrowed together: each through its own field, not through a
+        // method of `self`, until the connection closes or settles below.
+        let Some(conn) = self.conns.live(slot) else {
             return;
         };
         let mut broken: Option<Broken> = None;
@@ -362,7 +350,7 @@ impl Tcp {
         let mut progressed = false;
         // Our lane's answers, if a lane of ours sends on this connection.
         let our_lane = conn.our_lane.sending().and_then(|(e, lane)| {
-            let endpoint = eps.get_mut(e as usize)?.as_mut()?;
+            let endpoint = self.eps.get_mut(e)?;
             let instance = endpoint.peer.instance;
             Some((e, endpoint.lanes.get_mut(usize::from(lane))?, instance))
         });
@@ -374,9 +362,9 @@ impl Tcp {
             requests: Requests {
                 serve: &mut conn.serve,
                 send: &mut conn.send,
-                regs,
-                notify: notify.as_deref(),
-                instance: address.instance,
+                regs: &self.regs,
+                notify: self.notify.as_deref(),
+                instance: self.address.instance,
                 gets_from_window: conn.gets_from_window,
                 hold_hello_ack: conn.our_lane.sending().is_some(),
             },
@@ -406,14 +394,14 @@ impl Tcp {
             let Some(&mut (bid, len, ref mut taken)) = conn.backlog.front_mut() else {
                 break;
             };
-            let data = uring.buffer(bid, len as usize).unwrap_or_default();
+            let data = self.uring.buffer(bid, len as usize).unwrap_or_default();
             let rest = data.get(*taken as usize..).unwrap_or_default();
             match conn.reader.feed(rest, &mut handler) {
                 Ok(n) => {
                     *taken += n as u32;
                     if *taken >= len {
                         conn.backlog.pop_front();
-                        recycled.push(bid);
+                        self.uring.recycle_later(bid);
                     } else {
                         go = false; // paused: waits for send room
                     }
@@ -423,14 +411,11 @@ impl Tcp {
         }
         // Answers with data are queued already; the ACK of what this round
         // took waits for the next round's commit (AckHold).
-        if conn.serve.ack_pending() && conn.ack_hold == AckHold::None {
-            conn.ack_hold = AckHold::Fresh;
-            held_acks.push(slot);
-        }
+        self.round.hold_ack(slot, conn);
         // Inside a large PUT's payload: the rest goes straight into the
         // window once the multishot receive has stopped.
         if let Some((h, at)) = conn.reader.in_payload() {
-            let big = h.opcode == Opcode::Put && h.len - at >= config.direct_min;
+            let big = h.opcode == Opcode::Put && h.len - at >= self.config.direct_min;
             // A buffer receive in flight is stopped; busy receiving with
             // none in flight, the direct receive starts where the next one
             // would.
@@ -446,7 +431,7 @@ impl Tcp {
                         .build()
                         .user_data(uring::user_data(Tag::Cancel, slot, conn.generation));
                     // SAFETY: a cancellation names no memory.
-                    if unsafe { uring.push(&entry) }.is_ok() {
+                    if unsafe { self.uring.push(&entry) }.is_ok() {
                         conn.recv = Receive::StoppingForDirect;
                     }
                 } else {
@@ -456,17 +441,14 @@ impl Tcp {
             }
         }
         if let Some(e) = our_ep {
-            let endpoint = eps.get_mut(e as usize).and_then(Option::as_mut);
             // A failed endpoint was put on the report list when it failed.
-            if let Some(endpoint) = endpoint {
-                if progressed && !endpoint.on_report_list && endpoint.state.failed().is_none() {
-                    endpoint.on_report_list = true;
-                    to_report.push(e);
-                }
+            let failed = self.eps.get(e).is_none_or(|ep| ep.state.failed().is_some());
+            if progressed && !failed {
+                self.eps.report(e);
             }
         }
-        Self::want_send(to_send, slot, conn);
-        uring.recycle(recycled.drain(..));
+        self.round.want_send(slot, conn);
+        self.uring.recycle_taken();
         if let Some(b) = broken {
             tracing::debug!(?b, "tcp: connection closed: broken stream");
             self.close_conn(slot, Status::Transport);
@@ -478,7 +460,7 @@ impl Tcp {
     }
 
     pub(super) fn arm_recv(&mut self, slot: u32) {
-        let Some(conn) = live(&mut self.conns, slot) else {
+        let Some(conn) = self.conns.live(slot) else {
             return;
         };
         if conn.closing() {
@@ -524,7 +506,7 @@ impl Tcp {
     /// commit on (see [`SPIN_ROUNDS`]). The multishot receive, if armed, is
     /// canceled; its last completion arms the first busy receive.
     pub(super) fn start_spin(&mut self, slot: u32) {
-        let Some(conn) = live(&mut self.conns, slot) else {
+        let Some(conn) = self.conns.live(slot) else {
             return;
         };
         let busy = RecvMode::Busy {
@@ -539,7 +521,7 @@ impl Tcp {
             return;
         }
         conn.recv_mode = busy;
-        self.spinners.push(slot);
+        self.round.spinners.push(slot);
         if conn.recv == Receive::Buffers {
             let recv = uring::user_data(Tag::Recv, slot, conn.generation);
             let entry = opcode::AsyncCancel::new(recv)
@@ -548,64 +530,5 @@ impl Tcp {
             // SAFETY: a cancellation names no memory.
             let _ = unsafe { self.uring.push(&entry) };
         }
-    }
-
-    /// Reports answered requests, finished flushes and finished connects
-    /// into `out` from index `n`; returns the new `n`.
-    pub(super) fn emit(&mut self, out: &mut [Completion], mut n: usize) -> usize {
-        let mut i = 0;
-        while i < self.to_report.len() && n < out.len() {
-            let e = self.to_report[i];
-            let Some(ep) = self.eps.get_mut(e as usize).and_then(Option::as_mut) else {
-                self.to_report.swap_remove(i);
-                continue;
-            };
-            if let EpState::Connecting(token) = ep.state {
-                if ep.lanes.iter().all(|l| l.up) {
-                    ep.state = EpState::Up;
-                    self.ready.push_back(Completion::new(token, Ok(0)));
-                }
-            }
-            let failed = ep.state.failed();
-            let mut done = true;
-            for lane in &mut ep.lanes {
-                n = lane.emit(out, n);
-                while let Some(&(f, seq)) = lane.marks.front() {
-                    if !lane.reported(seq) {
-                        break;
-                    }
-                    lane.marks.pop_front();
-                    let Some(flush) = ep.flushes.get_mut(f as usize).and_then(Option::as_mut)
-                    else {
-                        continue;
-                    };
-                    flush.remaining -= 1;
-                    if flush.remaining == 0 {
-                        self.ready
-                            .push_back(Completion::new(flush.token, failed.map_or(Ok(0), Err)));
-                        ep.flushes[f as usize] = None;
-                    }
-                }
-                done &= lane.answered == 0;
-            }
-            if done {
-                ep.on_report_list = false;
-                self.to_report.swap_remove(i);
-                let released = matches!(ep.state, EpState::Released(_));
-                if released && ep.lanes.iter().all(|l| l.pending.is_empty()) {
-                    self.eps[e as usize] = None;
-                }
-            } else {
-                i += 1;
-            }
-        }
-        while n < out.len() {
-            let Some(c) = self.ready.pop_front() else {
-                break;
-            };
-            out[n] = c;
-            n += 1;
-        }
-        n
     }
 }

@@ -76,7 +76,8 @@ impl Tcp {
         let key = KeyBlob::decode(part.blob)
             .ok_or_else(|| err(Status::InvalidArgument, "malformed tcp key"))?;
         let endpoint = self
-            .ep_mut(ep)
+            .eps
+            .get(ep.0)
             .ok_or_else(|| err(Status::InvalidEndpoint, "not connected"))?;
         if key.instance != endpoint.peer.instance {
             return Err(err(Status::InvalidRkey, "the key belongs to another peer"));

@@ -1,11 +1,14 @@
 //! The `Driver` implementation: its types and the trait's methods, with
-//! the work in one file per concern: `conn.rs` (one connection's state),
-//! `connection.rs` (the connection table, endpoints, connect), `events.rs`
-//! (the completion queue and the
-//! frames it carries), `posting.rs` (operations, flushes, the round's
-//! doorbell), `memory.rs` (windows and keys), `teardown.rs` (quiesce).
+//! the parts of the driver's state that are borrowed apart in files of
+//! their own, `conn.rs` (one connection's state), `conn_table.rs` (the
+//! connection table), `endpoint.rs` (the endpoint table and what is
+//! reported of it), `round.rs` (what the next commit does, and whether a
+//! core thread may sleep), and the work in one file per concern:
+//! `connection.rs` (accepting, opening, adopting, closing connections;
+//! endpoints over them), `events.rs` (the completion queue and the frames
+//! it carries), `posting.rs` (operations, flushes, the round's doorbell),
+//! `memory.rs` (windows and keys), `teardown.rs` (quiesce).
 
-use crate::lane::Lane;
 use crate::target::Window;
 use crate::uring::Uring;
 use crate::wire::{Address, DUPLEX_DEPTH, HEADER_LEN};
@@ -17,7 +20,6 @@ use ringfence::{
     Quiesced, Registered, Sleep, Token, Unpacked,
 };
 use ringfence_ring::Status;
-use std::collections::VecDeque;
 use std::mem::ManuallyDrop;
 use std::net::SocketAddr;
 use std::os::fd::{BorrowedFd, OwnedFd};
@@ -36,8 +38,6 @@ const ANSWER_ROOM: usize = DUPLEX_DEPTH + 3;
 /// could never post).
 pub(crate) const MIN_SEND_BUFFER: usize =
     ANSWER_ROOM * HEADER_LEN + COPY_MAX as usize + 2 * HEADER_LEN;
-/// Flushes in flight per endpoint.
-const MAX_FLUSHES: usize = 64;
 /// Completions handled per `poll` call at most, beyond what fits `out`
 /// (a round stays bounded under a flood of incoming requests).
 const CQES_PER_POLL: usize = 256;
@@ -66,62 +66,19 @@ macro_rules! on_socket {
 
 // After the macro: the files below use it.
 mod conn;
+mod conn_table;
 mod connection;
+mod endpoint;
 mod events;
 mod memory;
 mod posting;
+mod round;
 mod teardown;
 
-use conn::{AckHold, Conn, ConnState, OurLane, Receive, RecvMode, SPIN_ROUNDS};
-
-/// Where an endpoint is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum EpState {
-    /// Greeting the peer on every lane; the connect's completion (this
-    /// token) comes once every HELLO is answered.
-    Connecting(Token),
-    /// Every lane is up: operations may be posted.
-    Up,
-    /// Failed: every request on it completes with this status.
-    Failed(Status),
-    /// Released by `disconnect` (failed, with this status, first): the
-    /// slot goes once everything is reported.
-    Released(Status),
-}
-
-impl EpState {
-    /// The status its requests fail with, once it failed (released or
-    /// not).
-    fn failed(self) -> Option<Status> {
-        match self {
-            EpState::Failed(status) | EpState::Released(status) => Some(status),
-            EpState::Connecting(_) | EpState::Up => None,
-        }
-    }
-}
-
-#[derive(Debug)]
-struct Flush {
-    token: Token,
-    /// Lanes still to report everything the flush covers.
-    remaining: u32,
-}
-
-/// One endpoint: a connection to a peer worker over `lanes.len()` TCP
-/// connections.
-#[derive(Debug)]
-struct Ep {
-    /// The peer's listening address and instance.
-    peer: Address,
-    state: EpState,
-    /// One per lane, each on its own connection.
-    lanes: Vec<Lane>,
-    /// Flushes in flight, by slot (a lane's marks name the slot).
-    flushes: Vec<Option<Flush>>,
-    /// It is on the driver's list of endpoints with answers to report
-    /// (`to_report`).
-    on_report_list: bool,
-}
+use conn::{Conn, ConnState, OurLane, Receive, RecvMode, SPIN_ROUNDS};
+use conn_table::Conns;
+use endpoint::{Endpoints, Ep, EpState, Flush, MAX_FLUSHES};
+use round::Round;
 
 /// A deregistered registration that a connection still reaches: GET
 /// data sent from its window, a PUT whose payload is still arriving into
@@ -157,31 +114,16 @@ pub struct Tcp {
     listener: OwnedFd,
     address: Address,
     config: Config,
-    conns: Vec<Option<Box<Conn>>>,
-    /// The generation of each connection slot (kept when it is freed).
-    generations: Vec<u32>,
-    free_conns: Vec<u32>,
-    eps: Vec<Option<Ep>>,
+    /// Every connection, by slot.
+    conns: Conns,
+    /// Every endpoint, by handle, and what is to be reported of them.
+    eps: Endpoints,
+    /// Registered windows, by registration id.
     regs: Vec<Option<Window>>,
+    /// Remote keys unpacked for our endpoints, by driver key handle.
     rkeys: Vec<Rkey>,
-    /// Completions produced outside `poll`'s answers: flushes, connects.
-    ready: VecDeque<Completion>,
-    /// Endpoints with answers to report (each once: `Ep::on_report_list`).
-    to_report: Vec<u32>,
-    /// Connections with bytes to send.
-    to_send: Vec<u32>,
-    /// Accepted connections whose ACK is held (see [`AckHold`]).
-    held_acks: Vec<u32>,
-    /// Connections a request was posted on this round (`start_spin` at
-    /// commit).
-    to_spin: Vec<u32>,
-    /// Connections that busy-receive (SPIN_ROUNDS).
-    spinners: Vec<u32>,
-    /// Busy receivers whose receive this round found data: armed again at
-    /// the commit after this round's.
-    spin_next: Vec<u32>,
-    /// Connections whose multishot receive ended and must be re-armed.
-    rearm: Vec<u32>,
+    /// What the next commit does, and who busy-receives.
+    round: Round,
     /// The listener's multishot accept is in flight.
     accept_armed: bool,
     /// When `quiesce(All)` was first asked: from then on a lane that loses
@@ -190,9 +132,8 @@ pub struct Tcp {
     /// Registrations whose `quiesce` answered `Pending` (see
     /// [`KeyQuiesce`]); their ids are not reused until it is over.
     quiescing: Vec<KeyQuiesce>,
+    /// Where incoming notifications go (from `attach`).
     notify: Option<Arc<NotifyPool>>,
-    /// Scratch: receive buffers to give back.
-    recycled: Vec<u16>,
 }
 
 impl std::fmt::Debug for Tcp {
@@ -202,17 +143,6 @@ impl std::fmt::Debug for Tcp {
             .field("uring", &self.uring)
             .finish_non_exhaustive()
     }
-}
-
-/// The connection in `slot` of `conns`, if there is one.
-fn live(conns: &mut [Option<Box<Conn>>], slot: u32) -> Option<&mut Conn> {
-    conns.get_mut(slot as usize)?.as_deref_mut()
-}
-
-/// The live connection in `slot` of `conns` if its generation is
-/// `generation`.
-fn conn_at(conns: &mut [Option<Box<Conn>>], slot: u32, generation: u32) -> Option<&mut Conn> {
-    live(conns, slot).filter(|c| c.generation == generation)
 }
 
 fn err(status: Status, detail: impl Into<String>) -> DriverError {
@@ -264,25 +194,15 @@ impl Tcp {
                 socket: local,
                 instance: u64::from_le_bytes(instance),
             },
-            conns: Vec::new(),
-            generations: Vec::new(),
-            free_conns: Vec::new(),
-            eps: Vec::new(),
+            conns: Conns::default(),
+            eps: Endpoints::new(),
             regs: Vec::new(),
             rkeys: Vec::new(),
-            ready: VecDeque::with_capacity(4096),
-            to_report: Vec::with_capacity(64),
-            to_send: Vec::with_capacity(64),
-            held_acks: Vec::with_capacity(64),
-            to_spin: Vec::with_capacity(64),
-            spinners: Vec::with_capacity(64),
-            spin_next: Vec::with_capacity(64),
-            rearm: Vec::with_capacity(64),
+            round: Round::new(),
             accept_armed: false,
             teardown: None,
             quiescing: Vec::new(),
             notify: None,
-            recycled: Vec::with_capacity(usize::from(config.recv_buffers)),
             config,
         };
         tcp.arm_accept();
@@ -314,7 +234,7 @@ impl Drop for Tcp {
                     // The kernel may still write into the receive buffers
                     // or read the send batches: leak them rather than free
                     // memory it uses.
-                    std::mem::forget(std::mem::take(&mut self.conns));
+                    self.conns.leak();
                     return;
                 }
             }
@@ -387,7 +307,7 @@ impl Driver for Tcp {
     /// What the driver knows without a round trip: a connection that
     /// failed (a reset, a hang-up, a peer's error) says so.
     fn check_alive(&mut self, ep: DriverEp) -> Result<(), Status> {
-        match self.ep_mut(ep) {
+        match self.eps.get(ep.0) {
             None => Err(Status::InvalidEndpoint),
             Some(endpoint) => match endpoint.state.failed() {
                 Some(status) => Err(status),
@@ -405,7 +325,7 @@ impl Driver for Tcp {
     }
 
     fn poll(&mut self, out: &mut [Completion]) -> usize {
-        let mut n = self.emit(out, 0);
+        let mut n = self.eps.emit(out, 0);
         let mut budget = CQES_PER_POLL.max(out.len());
         while n < out.len() && budget > 0 {
             let Some(cqe) = self.uring.next() else {
@@ -413,7 +333,7 @@ impl Driver for Tcp {
             };
             budget -= 1;
             self.handle(&cqe);
-            n = self.emit(out, n);
+            n = self.eps.emit(out, n);
         }
         n
     }
@@ -428,7 +348,7 @@ impl Driver for Tcp {
     /// CQ eventfd is armed (read to zero, then the CQ looked at once more;
     /// not now if a completion or task work is already there).
     fn prepare_sleep(&mut self) -> Sleep {
-        if !self.held_acks.is_empty() || !self.spinners.is_empty() || !self.rearm.is_empty() {
+        if self.round.keeps_awake() {
             return Sleep::NotNow;
         }
         if self.uring.prepare_sleep() {
@@ -449,7 +369,7 @@ impl Driver for Tcp {
     /// The target's NOTIFY storage, from the HELLO_ACKs of the endpoint's
     /// lanes (one target: every lane's says the same).
     fn peer_limits(&self, ep: DriverEp) -> Option<PeerLimits> {
-        let endpoint = self.eps.get(ep.0 as usize)?.as_ref()?;
+        let endpoint = self.eps.get(ep.0)?;
         let len = endpoint
             .lanes
             .iter()

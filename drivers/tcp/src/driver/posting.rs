@@ -10,32 +10,19 @@ use ringfence_ring::{AtomicOp, Status};
 use super::*;
 
 impl Tcp {
-    /// Puts `slot` on the send list (sent at `commit`).
-    pub(super) fn want_send(to_send: &mut Vec<u32>, slot: u32, conn: &mut Conn) {
-        if !conn.on_send_list && conn.send.queued() > 0 {
-            conn.on_send_list = true;
-            to_send.push(slot);
-        }
-    }
-
     /// Starts a send on every listed connection that can take one:
     /// requests first, then answers, so that held ACKs go behind what the
     /// application sent this round.
     pub(super) fn start_sends(&mut self) {
-        let Tcp {
-            uring,
-            conns,
-            to_send,
-            ..
-        } = self;
+        let conns = &mut self.conns;
+        let to_send = &mut self.round.to_send;
         to_send.sort_unstable_by_key(|&slot| {
             conns
-                .get(slot as usize)
-                .and_then(|c| c.as_deref())
+                .get(slot)
                 .is_some_and(|c| c.our_lane.sending().is_none())
         });
         to_send.retain(|&slot| {
-            let Some(conn) = live(conns, slot) else {
+            let Some(conn) = conns.live(slot) else {
                 return false;
             };
             if conn.closing() {
@@ -53,7 +40,7 @@ impl Tcp {
                 // this send completes; iovecs over registered memory stay
                 // valid until the operation completes (the `post` contract),
                 // which is after this send completed.
-                if unsafe { uring.push(&entry) }.is_ok() {
+                if unsafe { self.uring.push(&entry) }.is_ok() {
                     conn.in_flight += 1;
                 }
             }
@@ -66,15 +53,7 @@ impl Tcp {
     /// at once (a PUT the target executed is then acknowledged, as it would
     /// have been before the hold); nothing here waits for the peer.
     pub(super) fn send_held_acks(&mut self) {
-        for slot in std::mem::take(&mut self.held_acks) {
-            let Some(conn) = live(&mut self.conns, slot) else {
-                continue;
-            };
-            conn.ack_hold = AckHold::None;
-            if !conn.closing() && conn.serve.queue_ack(&mut conn.send) {
-                Self::want_send(&mut self.to_send, slot, conn);
-            }
-        }
+        self.round.release_held_acks(&mut self.conns);
         self.start_sends();
         // A small send into a socket with room completes inside the
         // submission; its completion is taken with the others below.
@@ -92,14 +71,7 @@ impl Tcp {
             },
             None => None,
         };
-        let Tcp {
-            eps,
-            conns,
-            to_send,
-            to_spin,
-            ..
-        } = self;
-        let Some(endpoint) = eps.get_mut(ep.0 as usize).and_then(Option::as_mut) else {
+        let Some(endpoint) = self.eps.get_mut(ep.0) else {
             return Posted::Done(Err(Status::InvalidEndpoint));
         };
         match endpoint.state {
@@ -120,7 +92,7 @@ impl Tcp {
         if op.kind != OpKind::Get && lane.write_waits() {
             return Posted::NoResource;
         }
-        let Some(conn) = live(conns, lane.conn) else {
+        let Some(conn) = self.conns.live(lane.conn) else {
             return Posted::Done(Err(Status::PeerUnreachable));
         };
         let staged = match op.kind {
@@ -203,13 +175,13 @@ impl Tcp {
         }
         lane.push(token, awaits);
         let slot = lane.conn;
-        Self::want_send(to_send, slot, conn);
+        self.round.want_send(slot, conn);
         // The answer is awaited: busy receives from the commit on, or on
         // (the count starts again). Listed once per connection until the
         // commit takes the list.
         match conn.recv_mode {
             RecvMode::Multishot => {
-                to_spin.push(slot);
+                self.round.to_spin.push(slot);
                 conn.recv_mode = RecvMode::BusyAtCommit;
             }
             RecvMode::BusyAtCommit => {}
@@ -223,7 +195,7 @@ impl Tcp {
     }
 
     pub(super) fn flush_lanes(&mut self, ep: DriverEp, lanes: LaneMask, token: Token) -> Posted {
-        let Some(endpoint) = self.ep_mut(ep) else {
+        let Some(endpoint) = self.eps.get_mut(ep.0) else {
             return Posted::Done(Err(Status::InvalidEndpoint));
         };
         if let Some(status) = endpoint.state.failed() {
@@ -260,59 +232,30 @@ impl Tcp {
         if !self.accept_armed {
             self.arm_accept();
         }
-        let Tcp {
-            conns,
-            to_send,
-            held_acks,
-            ..
-        } = self;
         // ACKs held since the last commit go now; this round's wait one
         // more (AckHold).
-        held_acks.retain(|&slot| {
-            let Some(conn) = live(conns, slot) else {
-                return false;
-            };
-            match conn.ack_hold {
-                AckHold::Fresh if !conn.closing() => {
-                    conn.ack_hold = AckHold::Aged;
-                    return true;
-                }
-                AckHold::Aged if !conn.closing() => {
-                    // No room: the batch in flight makes room, and the ACK
-                    // goes at a later commit.
-                    if !conn.serve.queue_ack(&mut conn.send) {
-                        return true;
-                    }
-                    Self::want_send(to_send, slot, conn);
-                }
-                _ => {}
-            }
-            conn.ack_hold = AckHold::None;
-            false
-        });
+        self.round.age_held_acks(&mut self.conns);
         // Sends first: the kernel runs the entries in order, and a busy
         // receive ahead of a send would delay it by a receive that cannot
         // find its answer yet (SPIN_ROUNDS).
         self.start_sends();
-        let mut to_spin = std::mem::take(&mut self.to_spin);
+        let mut to_spin = std::mem::take(&mut self.round.to_spin);
         for &slot in &to_spin {
             self.start_spin(slot);
         }
         to_spin.clear();
-        self.to_spin = to_spin;
-        let mut rearm = std::mem::take(&mut self.rearm);
+        self.round.to_spin = to_spin;
+        let mut rearm = std::mem::take(&mut self.round.rearm);
         for &slot in &rearm {
             self.arm_recv(slot);
         }
         rearm.clear();
         // For the next commit: what arming asked for again, and busy
         // receives that found data this round.
-        rearm.append(&mut self.rearm);
-        rearm.append(&mut self.spin_next);
-        self.rearm = rearm;
-        self.spinners.retain(|&slot| {
-            live(&mut self.conns, slot).is_some_and(|c| c.recv_mode.busy() && !c.closing())
-        });
+        rearm.append(&mut self.round.rearm);
+        rearm.append(&mut self.round.spin_next);
+        self.round.rearm = rearm;
+        self.round.prune_spinners(&self.conns);
         if let Err(e) = self.uring.submit() {
             tracing::warn!(%e, "tcp: io_uring submit failed");
         }

@@ -29,7 +29,7 @@ impl Tcp {
         }
         self.quiescing.clear();
         // Every ask: a connection accepted since the last one closes too.
-        for slot in 0..self.conns.len() as u32 {
+        for slot in 0..self.conns.slot_count() {
             self.close_conn(slot, Status::Canceled);
         }
         if self.accept_armed && first {
@@ -47,7 +47,7 @@ impl Tcp {
         while let Some(cqe) = self.uring.next() {
             self.handle_teardown(&cqe);
         }
-        if !self.accept_armed && self.conns.iter().all(Option::is_none) {
+        if !self.accept_armed && self.conns.is_empty() {
             return Quiesced::Done;
         }
         if now.duration_since(since) >= CANCEL_WAIT {
@@ -86,9 +86,8 @@ impl Tcp {
     /// polls take; `Leak` if they have not `CANCEL_WAIT` later (the
     /// kernel may still write into the window). Never waits.
     pub(super) fn quiesce_key(&mut self, key: u32) -> Quiesced {
-        let held = |c: &Option<Box<Conn>>| c.as_deref().is_some_and(|c| Self::holds_key(c, key));
         let at = self.quiescing.iter().position(|q| q.key == key);
-        if !self.conns.iter().any(held) {
+        if !self.conns.iter().any(|(_, c)| Self::holds_key(c, key)) {
             if let Some(i) = at {
                 self.quiescing.swap_remove(i);
             }
@@ -106,8 +105,11 @@ impl Tcp {
         let q = self.quiescing[i];
         match q.closed {
             None if now.duration_since(q.since) >= self.config.timeout => {
-                let slots: Vec<u32> = (0..self.conns.len() as u32)
-                    .filter(|&s| held(&self.conns[s as usize]))
+                let slots: Vec<u32> = self
+                    .conns
+                    .iter()
+                    .filter(|&(_, c)| Self::holds_key(c, key))
+                    .map(|(slot, _)| slot)
                     .collect();
                 for slot in slots {
                     tracing::debug!(
@@ -157,7 +159,7 @@ impl Tcp {
             }
             Tag::Recv => {
                 self.uring.recycle(cqueue::buffer_select(flags));
-                if let Some(conn) = self.conn_mut(slot, generation) {
+                if let Some(conn) = self.conns.at(slot, generation) {
                     if !cqueue::more(flags) {
                         conn.in_flight -= 1;
                     }
@@ -165,7 +167,7 @@ impl Tcp {
                 self.maybe_free(slot);
             }
             Tag::Send | Tag::Connect | Tag::Direct => {
-                if let Some(conn) = self.conn_mut(slot, generation) {
+                if let Some(conn) = self.conns.at(slot, generation) {
                     conn.in_flight -= 1;
                 }
                 self.maybe_free(slot);
