@@ -2,13 +2,14 @@
 //! closing), whose requests it carries, how it receives, and where its
 //! held ACK is.
 
-use crate::send::SendQueue;
 use crate::stream::Reader;
+use crate::sys::requests::Socket;
+use crate::sys::send::SendQueue;
 use crate::target::TargetSide;
 use nix::sys::socket::SockaddrStorage;
 use std::collections::VecDeque;
 use std::net::IpAddr;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 
 /// Busy receives that may find nothing in a row before a connection goes
 /// back to its multishot receive.
@@ -33,7 +34,8 @@ pub(super) const SPIN_ROUNDS: u16 = 64;
 
 /// One TCP connection. Boxed: the kernel holds pointers into it (the
 /// connect address, the send batches' msghdrs) while requests are in
-/// flight.
+/// flight, and it is freed only once none is (`in_flight`; see
+/// [`sys`](crate::sys)).
 ///
 /// A connection carries our requests when it is a lane of one of our
 /// endpoints ([`OurLane::Sending`]), and the peer's requests once the peer
@@ -102,6 +104,15 @@ impl Conn {
     /// Whether it is closing (its slot goes once nothing is in flight).
     pub(super) fn closing(&self) -> bool {
         self.state == ConnState::Closing
+    }
+
+    /// Its socket as requests name it: by its fixed file when it has one
+    /// (no descriptor lookup per request), else by its descriptor.
+    pub(super) fn socket(&self) -> Socket {
+        match self.fixed_file {
+            Some(index) => Socket::Fixed(index),
+            None => Socket::Fd(self.fd.as_raw_fd()),
+        }
     }
 }
 

@@ -4,19 +4,17 @@
 
 use crate::MAX_LEN;
 use crate::lane::Lane;
-use crate::send::SendQueue;
 use crate::stream::Reader;
+use crate::sys::requests::{self, Tag};
+use crate::sys::send::SendQueue;
 use crate::target::TargetSide;
-use crate::uring::{self, Tag};
 use crate::wire::{Address, HEADER_LEN, Header, Opcode};
-use io_uring::{opcode, types};
-use nix::libc;
-use nix::sys::socket::{self, AddressFamily, SockFlag, SockType, SockaddrLike, SockaddrStorage};
+use nix::sys::socket::{self, AddressFamily, SockFlag, SockType, SockaddrStorage};
 use ringfence::{Connect, DriverEp, DriverError, Token};
 use ringfence_ring::Status;
 use std::collections::VecDeque;
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
 use super::conn::AckHold;
 use super::*;
@@ -26,13 +24,10 @@ impl Tcp {
         if self.accept_armed {
             return;
         }
-        let entry = opcode::AcceptMulti::new(types::Fd(self.listener.as_raw_fd()))
-            .flags(libc::SOCK_CLOEXEC)
-            .build()
-            .user_data(uring::user_data(Tag::Accept, 0, 0));
-        // SAFETY: the entry names only the listener, which lives as long as
-        // the driver (whose teardown waits for this request to end).
-        if unsafe { self.uring.push(&entry) }.is_ok() {
+        // The listener lives as long as the driver, whose teardown waits
+        // for this request to end.
+        let user_data = requests::user_data(Tag::Accept, 0, 0);
+        if self.uring.accept_multi(self.listener.as_fd(), user_data) {
             self.accept_armed = true;
         }
     }
@@ -99,11 +94,8 @@ impl Tcp {
         // Ends a receive and a send in progress at once.
         let _ = socket::shutdown(fd, socket::Shutdown::Both);
         if conn.in_flight > 0 {
-            let entry = opcode::AsyncCancel2::new(types::CancelBuilder::fd(types::Fd(fd)).all())
-                .build()
-                .user_data(uring::user_data(Tag::Cancel, slot, generation));
-            // SAFETY: a cancellation names no memory.
-            let _ = unsafe { self.uring.push(&entry) };
+            let user_data = requests::user_data(Tag::Cancel, slot, generation);
+            let _ = self.uring.cancel_fd(fd, user_data);
         }
         self.recycle_backlog(slot);
         if let Some((ep, lane)) = our_lane {
@@ -163,16 +155,13 @@ impl Tcp {
         let slot = self.add_conn(fd, Some((e, lane)), SockaddrStorage::from(peer.socket));
         self.queue_hello(slot, e, lane, lanes, peer.instance);
         let conn = self.conns.live(slot).expect("just added");
-        let entry = on_socket!(conn, |fd| opcode::Connect::new(
-            fd,
-            conn.connect_to.as_ptr(),
-            conn.connect_to.len(),
-        )
-        .build())
-        .user_data(uring::user_data(Tag::Connect, slot, conn.generation));
-        // SAFETY: the address lives in the boxed connection, which is
-        // freed only after this request completes (`in_flight`).
-        if unsafe { self.uring.push(&entry) }.is_ok() {
+        // The address lives in the boxed connection, which is freed only
+        // after this request completes (`in_flight`).
+        let user_data = requests::user_data(Tag::Connect, slot, conn.generation);
+        if self
+            .uring
+            .connect(conn.socket(), &conn.connect_to, user_data)
+        {
             conn.in_flight += 1;
         }
         Ok(slot)

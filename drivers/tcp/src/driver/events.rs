@@ -4,16 +4,16 @@
 //! handed to the engine.
 
 use crate::lane::Answers;
-use crate::send::Sent;
 use crate::stream::{Broken, Handler, Stop};
+use crate::sys::requests::{self, Cqe, Tag};
+use crate::sys::send::Sent;
 use crate::target::Requests;
-use crate::uring::{self, BUF_GROUP, Tag, libc_errno};
 use crate::wire::{Header, Opcode};
-use io_uring::{cqueue, opcode, squeue, types};
-use nix::libc;
+use io_uring::cqueue;
+use nix::libc::{EAGAIN, ECANCELED, ENOBUFS};
 use nix::sys::socket::{self, SockaddrStorage};
 use ringfence_ring::Status;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 
 use super::*;
 
@@ -60,13 +60,13 @@ impl Handler for Frames<'_, '_> {
 }
 
 impl Tcp {
-    pub(super) fn handle(&mut self, cqe: &cqueue::Entry) {
-        let Some((tag, slot, generation)) = uring::parse_user_data(cqe.user_data()) else {
+    pub(super) fn handle(&mut self, cqe: Cqe) {
+        let Some((tag, slot, generation)) = requests::parse_user_data(cqe.user_data()) else {
             return;
         };
         let (res, flags) = (cqe.result(), cqe.flags());
         match tag {
-            Tag::Accept => self.on_accept(res, flags),
+            Tag::Accept => self.on_accept(cqe),
             Tag::Connect => self.on_connect(slot, generation, res),
             Tag::Send => self.on_send(slot, generation, res),
             Tag::Recv => self.on_recv(slot, generation, res, flags),
@@ -75,18 +75,18 @@ impl Tcp {
         }
     }
 
-    pub(super) fn on_accept(&mut self, res: i32, flags: u32) {
+    pub(super) fn on_accept(&mut self, cqe: Cqe) {
+        let (res, flags) = (cqe.result(), cqe.flags());
         if !cqueue::more(flags) {
             // Re-armed at the next commit (canceled when the submitting
             // thread exited, or out of resources).
             self.accept_armed = false;
         }
-        if res < 0 {
+        // A successful accept returns a new descriptor, ours from now on.
+        let Some(fd) = cqe.into_accepted() else {
             tracing::debug!(errno = -res, "tcp accept failed");
             return;
-        }
-        // SAFETY: a successful accept returns a new descriptor we own.
-        let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(res) };
+        };
         if let Err(e) = tune(&fd, self.config.timeout) {
             tracing::debug!(%e, "tcp: accepted connection dropped");
             return;
@@ -140,10 +140,12 @@ impl Tcp {
         }
         match conn.send.sent(res as usize) {
             Sent::Done => {}
-            Sent::More(msg) => {
-                let entry = Self::send_entry(conn, slot, msg);
-                // SAFETY: as in `commit`.
-                if unsafe { self.uring.push(&entry) }.is_ok() {
+            Sent::More => {
+                let user_data = requests::user_data(Tag::Send, slot, conn.generation);
+                if self
+                    .uring
+                    .send_rest(conn.socket(), &mut conn.send, user_data)
+                {
                     conn.in_flight += 1;
                 }
                 return;
@@ -156,17 +158,6 @@ impl Tcp {
         if let Some(conn) = self.conns.live(slot) {
             self.round.want_send(slot, conn);
         }
-    }
-
-    pub(super) fn send_entry(
-        conn: &Conn,
-        slot: u32,
-        msg: *const libc::msghdr,
-    ) -> io_uring::squeue::Entry {
-        on_socket!(conn, |fd| opcode::SendMsg::new(fd, msg)
-            .flags((libc::MSG_NOSIGNAL | libc::MSG_WAITALL) as u32)
-            .build())
-        .user_data(uring::user_data(Tag::Send, slot, conn.generation))
     }
 
     pub(super) fn on_recv(&mut self, slot: u32, generation: u32, res: i32, flags: u32) {
@@ -208,7 +199,7 @@ impl Tcp {
                     }
                 }
             }
-            (n, _) if n == -libc_errno::EAGAIN && conn.recv_mode.busy() => {
+            (n, _) if n == -EAGAIN && conn.recv_mode.busy() => {
                 // A busy receive found nothing.
                 if let RecvMode::Busy { empty_left } = &mut conn.recv_mode {
                     *empty_left = empty_left.saturating_sub(1);
@@ -216,7 +207,7 @@ impl Tcp {
                 self.uring.recycle(bid);
                 self.receive_again(slot);
             }
-            (n, _) if n == -libc_errno::ENOBUFS || n == -libc_errno::ECANCELED => {
+            (n, _) if n == -ENOBUFS || n == -ECANCELED => {
                 // Out of receive buffers, canceled when the thread that
                 // armed it exited, or stopped for a direct receive.
                 self.uring.recycle(bid);
@@ -274,26 +265,21 @@ impl Tcp {
         // Only a PUT's payload: the reader may have moved on to an answer's
         // (GET data for a lane of ours) since the multishot was stopped.
         let target = match (conn.reader.in_payload(), conn.serve.write_target()) {
-            (Some((h, at)), Some(addr)) if conn.backlog.is_empty() && h.opcode == Opcode::Put => {
-                Some((h, at, addr))
+            (Some((h, at)), Some(span)) if conn.backlog.is_empty() && h.opcode == Opcode::Put => {
+                span.from(at).map(|rest| (h, rest))
             }
             _ => None,
         };
-        let Some((h, at, addr)) = target else {
+        let Some((h, rest)) = target else {
             conn.recv.direct_off();
             self.round.rearm.push(slot);
             return;
         };
-        let dst = (addr + u64::from(at)) as usize as *mut u8;
-        let entry = on_socket!(conn, |fd| opcode::Recv::new(fd, dst, h.len - at)
-            .flags(libc::MSG_WAITALL)
-            .build())
-        .user_data(uring::user_data(Tag::Direct, slot, conn.generation));
-        // SAFETY: `[dst, dst + len)` is the rest of a PUT's range, checked
-        // against a live registration when its header came; the memory
-        // stays until this receive completes: `quiesce` of a deregistered
-        // window answers `Pending` until it has (or `Leak`).
-        if unsafe { self.uring.push(&entry) }.is_ok() {
+        // The rest of the PUT's range, checked when its header came; the
+        // memory stays until this receive completes: `quiesce` of a
+        // deregistered window answers `Pending` until it has (or `Leak`).
+        let user_data = requests::user_data(Tag::Direct, slot, conn.generation);
+        if self.uring.recv_direct(conn.socket(), rest, user_data) {
             conn.in_flight += 1;
             conn.recv = Receive::Direct { key: h.key };
         } else {
@@ -426,12 +412,9 @@ impl Tcp {
             };
             if big && can_stop && conn.serve.write_target().is_some() {
                 if conn.recv == Receive::Buffers {
-                    let recv = uring::user_data(Tag::Recv, slot, conn.generation);
-                    let entry = opcode::AsyncCancel::new(recv)
-                        .build()
-                        .user_data(uring::user_data(Tag::Cancel, slot, conn.generation));
-                    // SAFETY: a cancellation names no memory.
-                    if unsafe { self.uring.push(&entry) }.is_ok() {
+                    let recv = requests::user_data(Tag::Recv, slot, conn.generation);
+                    let cancel = requests::user_data(Tag::Cancel, slot, conn.generation);
+                    if self.uring.cancel(recv, cancel) {
                         conn.recv = Receive::StoppingForDirect;
                     }
                 } else {
@@ -478,24 +461,17 @@ impl Tcp {
         if conn.recv_mode == (RecvMode::Busy { empty_left: 0 }) {
             conn.recv_mode = RecvMode::Multishot;
         }
-        let user_data = uring::user_data(Tag::Recv, slot, conn.generation);
-        let entry = if conn.recv_mode.busy() {
+        let user_data = requests::user_data(Tag::Recv, slot, conn.generation);
+        let armed = if conn.recv_mode.busy() {
             // Nonblocking: it takes what is there or fails with EAGAIN
             // inside this round's `io_uring_enter`, and arms no poll.
-            on_socket!(conn, |fd| opcode::Recv::new(fd, std::ptr::null_mut(), 0)
-                .buf_group(BUF_GROUP)
-                .flags(libc::MSG_DONTWAIT)
-                .build())
-            .flags(squeue::Flags::BUFFER_SELECT)
-            .user_data(user_data)
+            self.uring.recv_busy(conn.socket(), user_data)
         } else {
-            on_socket!(conn, |fd| opcode::RecvMulti::new(fd, BUF_GROUP).build())
-                .user_data(user_data)
+            self.uring.recv_multi(conn.socket(), user_data)
         };
-        // SAFETY: the receive writes only into provided buffers, which live
-        // as long as the ring; the descriptor stays open while the request
-        // is in flight (`in_flight`).
-        if unsafe { self.uring.push(&entry) }.is_ok() {
+        // The descriptor stays open while the request is in flight
+        // (`in_flight`).
+        if armed {
             conn.recv = Receive::Buffers;
             conn.in_flight += 1;
         }
@@ -523,12 +499,9 @@ impl Tcp {
         conn.recv_mode = busy;
         self.round.spinners.push(slot);
         if conn.recv == Receive::Buffers {
-            let recv = uring::user_data(Tag::Recv, slot, conn.generation);
-            let entry = opcode::AsyncCancel::new(recv)
-                .build()
-                .user_data(uring::user_data(Tag::Cancel, slot, conn.generation));
-            // SAFETY: a cancellation names no memory.
-            let _ = unsafe { self.uring.push(&entry) };
+            let recv = requests::user_data(Tag::Recv, slot, conn.generation);
+            let cancel = requests::user_data(Tag::Cancel, slot, conn.generation);
+            let _ = self.uring.cancel(recv, cancel);
         }
     }
 }

@@ -9,8 +9,8 @@
 //! it carries), `posting.rs` (operations, flushes, the round's doorbell),
 //! `memory.rs` (windows and keys), `teardown.rs` (quiesce).
 
-use crate::target::Window;
-use crate::uring::Uring;
+use crate::sys::mem::{Local, Window};
+use crate::sys::uring::Uring;
 use crate::wire::{Address, DUPLEX_DEPTH, HEADER_LEN};
 use crate::{Config, MAX_LEN};
 use nix::sys::socket::{self, sockopt};
@@ -20,7 +20,6 @@ use ringfence::{
     Quiesced, Registered, Sleep, Token, Unpacked,
 };
 use ringfence_ring::Status;
-use std::mem::ManuallyDrop;
 use std::net::SocketAddr;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::Arc;
@@ -47,24 +46,6 @@ const CQES_PER_POLL: usize = 256;
 /// completion comes back.
 const CANCEL_WAIT: Duration = Duration::from_secs(10);
 
-/// Builds a request on connection `$conn`'s socket: by its fixed file when
-/// it has one (no descriptor lookup per request), else by its descriptor.
-macro_rules! on_socket {
-    ($conn:expr, |$fd:ident| $build:expr) => {
-        match $conn.fixed_file {
-            Some(index) => {
-                let $fd = types::Fixed(index);
-                $build
-            }
-            None => {
-                let $fd = types::Fd($conn.fd.as_raw_fd());
-                $build
-            }
-        }
-    };
-}
-
-// After the macro: the files below use it.
 mod conn;
 mod conn_table;
 mod connection;
@@ -108,9 +89,9 @@ const RELEASED: u32 = u32::MAX;
 /// The tcp driver: one-sided RMA between workers over TCP, every socket
 /// operation through one io_uring. See the [crate](crate) documentation.
 pub struct Tcp {
-    /// Dropped by hand: only once the kernel holds no request that names
-    /// its buffers (see `Drop`).
-    uring: ManuallyDrop<Uring>,
+    /// The io_uring and its receive buffers: dropped with the driver once
+    /// the kernel holds no request, else leaked (see `Drop`).
+    uring: Uring,
     listener: OwnedFd,
     address: Address,
     config: Config,
@@ -188,7 +169,7 @@ impl Tcp {
         getrandom::fill(&mut instance).map_err(|e| io_err("random instance", e))?;
         let listener = OwnedFd::from(listener);
         let mut tcp = Tcp {
-            uring: ManuallyDrop::new(uring),
+            uring,
             listener,
             address: Address {
                 socket: local,
@@ -235,12 +216,12 @@ impl Drop for Tcp {
                     // or read the send batches: leak them rather than free
                     // memory it uses.
                     self.conns.leak();
+                    self.uring.leak();
                     return;
                 }
             }
         }
-        // SAFETY: dropped once, here, with nothing in flight.
-        unsafe { ManuallyDrop::drop(&mut self.uring) };
+        // Nothing in flight: the ring and its buffers go with the fields.
     }
 }
 
@@ -299,9 +280,15 @@ impl Driver for Tcp {
         self.release_key(ep, rkey);
     }
 
+    // The trait declares `post` unsafe (its contract is the engine's
+    // promise about the operation's local memory): the one item outside
+    // `sys` allowed unsafe code, to turn that promise into the `Local`
+    // that `sys` reads and writes through.
+    #[allow(unsafe_code)]
     unsafe fn post(&mut self, ep: DriverEp, op: &Op, token: Token) -> Posted {
-        // SAFETY: the engine's guarantee for `post` is `post_op`'s.
-        unsafe { self.post_op(ep, op, token) }
+        // SAFETY: `op` comes with the `post` contract, `Local::of`'s.
+        let local = unsafe { Local::of(op) };
+        self.post_op(ep, op, local, token)
     }
 
     /// What the driver knows without a round trip: a connection that
@@ -332,7 +319,7 @@ impl Driver for Tcp {
                 break;
             };
             budget -= 1;
-            self.handle(&cqe);
+            self.handle(cqe);
             n = self.eps.emit(out, n);
         }
         n

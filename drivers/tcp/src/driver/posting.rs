@@ -3,8 +3,10 @@
 //! submission), and held acknowledgements.
 
 use crate::lane::Awaits;
+use crate::sys::mem::Local;
+use crate::sys::requests::{self, Tag};
 use crate::wire::{HEADER_LEN, Header, Opcode};
-use ringfence::{DriverEp, LaneMask, Op, OpKind, Posted, Token, peer_mem};
+use ringfence::{DriverEp, LaneMask, Op, OpKind, Posted, Token};
 use ringfence_ring::{AtomicOp, Status};
 
 use super::*;
@@ -33,16 +35,9 @@ impl Tcp {
             if conn.state == ConnState::Connecting || conn.send.is_sending() {
                 return true;
             }
-            if let Some(msg) = conn.send.start() {
-                let entry = Self::send_entry(conn, slot, msg);
-                // SAFETY: the msghdr, its iovecs and the staging they point
-                // into live in the boxed connection's batch, untouched until
-                // this send completes; iovecs over registered memory stay
-                // valid until the operation completes (the `post` contract),
-                // which is after this send completed.
-                if unsafe { self.uring.push(&entry) }.is_ok() {
-                    conn.in_flight += 1;
-                }
+            let user_data = requests::user_data(Tag::Send, slot, conn.generation);
+            if self.uring.send(conn.socket(), &mut conn.send, user_data) {
+                conn.in_flight += 1;
             }
             conn.on_send_list = false;
             false
@@ -59,11 +54,19 @@ impl Tcp {
         // submission; its completion is taken with the others below.
         let _ = self.uring.submit();
         while let Some(cqe) = self.uring.next() {
-            self.handle_teardown(&cqe);
+            self.handle_teardown(cqe);
         }
     }
 
-    pub(super) unsafe fn post_op(&mut self, ep: DriverEp, op: &Op, token: Token) -> Posted {
+    /// `Driver::post`, with the operation's local memory (`None` for an
+    /// atomic that does not fetch).
+    pub(super) fn post_op(
+        &mut self,
+        ep: DriverEp,
+        op: &Op,
+        local: Option<Local>,
+        token: Token,
+    ) -> Posted {
         let rkey = match op.remote {
             Some((rkey, addr)) => match self.rkeys.get(rkey.0 as usize) {
                 Some(k) if k.ep == ep.0 => Some((*k, addr)),
@@ -113,37 +116,26 @@ impl Tcp {
             h.secret = k.secret;
             h.addr = addr;
         }
-        let (queued, awaits) = match op.kind {
-            OpKind::Put if op.len <= COPY_MAX => {
-                let src = op.local_addr;
+        let (queued, awaits) = match (op.kind, local) {
+            (OpKind::Put, Some(src)) if op.len <= COPY_MAX => {
                 let len = op.len as usize;
-                let queued = conn.send.push_filled(&h.encode(), len, |dst| {
-                    // SAFETY: the engine vouches for `[src, src + len)` (the
-                    // `post` contract); `dst` is `len` bytes of staging.
-                    unsafe { peer_mem::copy(src, dst as u64, len) }
-                });
+                let queued = conn
+                    .send
+                    .push_filled(&h.encode(), len, |dst| src.copy_to(dst));
                 (queued, Awaits::Ack { len: op.len })
             }
-            OpKind::Put => {
-                // SAFETY: the engine keeps the source registered until this
-                // operation completes, which is after its send completed
-                // (the target answers only what it received).
-                let queued = unsafe {
-                    conn.send
-                        .push_ref(&h.encode(), op.local_addr, op.len as usize)
-                };
+            (OpKind::Put, Some(src)) => {
+                // Sent from where it is (see `push_local` for how long the
+                // kernel reads it).
+                let queued = conn.send.push_local(&h.encode(), &src);
                 (queued, Awaits::Ack { len: op.len })
             }
-            OpKind::Get => {
+            (OpKind::Get, Some(dst)) => {
                 h.opcode = Opcode::Get;
-                let awaits = Awaits::Data {
-                    dst: op.local_addr,
-                    len: op.len,
-                    got: 0,
-                };
+                let awaits = Awaits::Data { dst, got: 0 };
                 (conn.send.push_copy(&[&h.encode()]), awaits)
             }
-            OpKind::Atomic(aop) => {
+            (OpKind::Atomic(aop), dst) => {
                 h.opcode = Opcode::Atomic;
                 h.arg = aop.as_raw();
                 h.len = 8;
@@ -151,23 +143,24 @@ impl Tcp {
                 if aop == AtomicOp::CSWAP {
                     h.operand2 = op.operand2;
                 }
-                let dst = aop.is_fetching().then_some(op.local_addr);
                 (conn.send.push_copy(&[&h.encode()]), Awaits::Fetch { dst })
             }
-            OpKind::Notify => {
+            (OpKind::Notify, Some(src)) => {
                 h = Header {
                     len: op.len,
                     seq: h.seq,
                     operand: op.operand,
                     ..Header::new(Opcode::Notify, op.lane)
                 };
-                let src = op.local_addr;
                 let len = op.len as usize;
-                let queued = conn.send.push_filled(&h.encode(), len, |dst| {
-                    // SAFETY: as for a small PUT.
-                    unsafe { peer_mem::copy(src, dst as u64, len) }
-                });
+                let queued = conn
+                    .send
+                    .push_filled(&h.encode(), len, |dst| src.copy_to(dst));
                 (queued, Awaits::Ack { len: op.len })
+            }
+            // `Local::of` gives every other operation its memory.
+            (OpKind::Put | OpKind::Get | OpKind::Notify, None) => {
+                return Posted::Done(Err(Status::InvalidArgument));
             }
         };
         if !queued {

@@ -3,12 +3,12 @@
 //! connections that do not let go in time), and the completions of a
 //! teardown in progress.
 
-use crate::uring::{self, Tag};
+use crate::sys::requests::{self, Cqe, Tag};
 use crate::wire::Opcode;
-use io_uring::{cqueue, opcode, types};
+use io_uring::cqueue;
 use ringfence::{Quiesce, Quiesced};
 use ringfence_ring::Status;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::time::Instant;
 
 use super::*;
@@ -33,19 +33,14 @@ impl Tcp {
             self.close_conn(slot, Status::Canceled);
         }
         if self.accept_armed && first {
-            let entry = opcode::AsyncCancel2::new(
-                types::CancelBuilder::fd(types::Fd(self.listener.as_raw_fd())).all(),
-            )
-            .build()
-            .user_data(uring::user_data(Tag::Cancel, 0, 0));
-            // SAFETY: a cancellation names no memory.
-            let _ = unsafe { self.uring.push(&entry) };
+            let user_data = requests::user_data(Tag::Cancel, 0, 0);
+            let _ = self.uring.cancel_fd(self.listener.as_raw_fd(), user_data);
         }
         if let Err(e) = self.uring.submit() {
             tracing::debug!(%e, "tcp: io_uring submit failed at teardown");
         }
         while let Some(cqe) = self.uring.next() {
-            self.handle_teardown(&cqe);
+            self.handle_teardown(cqe);
         }
         if !self.accept_armed && self.conns.is_empty() {
             return Quiesced::Done;
@@ -142,17 +137,15 @@ impl Tcp {
 
     /// A completion during teardown: only the bookkeeping of what is in
     /// flight.
-    pub(super) fn handle_teardown(&mut self, cqe: &cqueue::Entry) {
-        let Some((tag, slot, generation)) = uring::parse_user_data(cqe.user_data()) else {
+    pub(super) fn handle_teardown(&mut self, cqe: Cqe) {
+        let Some((tag, slot, generation)) = requests::parse_user_data(cqe.user_data()) else {
             return;
         };
         let flags = cqe.flags();
         match tag {
             Tag::Accept => {
-                if cqe.result() >= 0 {
-                    // SAFETY: a new descriptor we own; closed at once.
-                    drop(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(cqe.result()) });
-                }
+                // A new descriptor, ours: closed at once.
+                drop(cqe.into_accepted());
                 if !cqueue::more(flags) {
                     self.accept_armed = false;
                 }
