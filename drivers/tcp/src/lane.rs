@@ -9,24 +9,26 @@
 //! fails the endpoint.
 
 use crate::stream::{Broken, Handler, Stop};
+use crate::sys::mem::Local;
 use crate::wire::{DUPLEX_DEPTH, Header, LAST, Opcode};
-use ringfence::{Completion, Token, peer_mem};
+use ringfence::{Completion, Token};
 use ringfence_ring::Status;
 use std::collections::VecDeque;
 
 /// What a request waits for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Awaits {
     /// An ACK (PUT, NOTIFY) for `len` bytes.
     Ack { len: u32 },
-    /// GET data into `[dst, dst + len)`; `got` bytes so far.
-    Data { dst: u64, len: u32, got: u32 },
+    /// GET data into `dst` (all of it); `got` bytes so far.
+    Data { dst: Local, got: u32 },
     /// An atomic's old value, written to `dst` if it fetches.
-    Fetch { dst: Option<u64> },
+    Fetch { dst: Option<Local> },
 }
 
-/// A request sent on the lane.
-#[derive(Debug, Clone, Copy)]
+/// A request sent on the lane: it holds the operation's local memory
+/// ([`Local`]) until its completion is reported.
+#[derive(Debug)]
 pub(crate) struct Pending {
     pub(crate) token: Token,
     pub(crate) awaits: Awaits,
@@ -233,9 +235,10 @@ impl Handler for Answers<'_> {
             }
             Opcode::GetData => {
                 let p = self.lane.next_unanswered(h.seq)?;
-                let Awaits::Data { len, got, .. } = p.awaits else {
+                let Awaits::Data { ref dst, got } = p.awaits else {
                     return Err(protocol("data for a PUT or an atomic"));
                 };
+                let len = dst.len();
                 if let Err(status) = h.result() {
                     if h.arg != LAST {
                         return Err(protocol("a failed GET piece that is not the last"));
@@ -252,16 +255,16 @@ impl Handler for Answers<'_> {
             }
             Opcode::AtomicData => {
                 let p = self.lane.next_unanswered(h.seq)?;
-                let Awaits::Fetch { dst } = p.awaits else {
+                let Awaits::Fetch { ref dst } = p.awaits else {
                     return Err(protocol("an atomic result for a PUT or a GET"));
                 };
                 p.result = Some(match h.result() {
                     Ok(()) => {
+                        // The engine checked that the result word is 8
+                        // aligned inside a live registration.
                         if let Some(dst) = dst {
-                            // SAFETY: the engine checked that the result
-                            // word is 8 aligned inside a live registration,
-                            // kept until this operation completes.
-                            unsafe { peer_mem::store_u64(dst, h.operand) };
+                            let stored = dst.store_u64(h.operand);
+                            debug_assert!(stored, "an aligned result word");
                         }
                         Ok(8)
                     }
@@ -282,20 +285,14 @@ impl Handler for Answers<'_> {
         let Some(p) = self.lane.pending.get_mut(i) else {
             return Err(protocol("GET data for nothing"));
         };
-        let Awaits::Data { dst, got, .. } = p.awaits else {
+        let Awaits::Data { ref dst, got } = p.awaits else {
             return Err(protocol("data for a PUT or an atomic"));
         };
         let _ = h;
-        // SAFETY: `[dst, dst + len)` is the GET's local range, checked by
-        // the engine against a live registration kept until completion;
         // `got + at + bytes.len() <= len` (checked in `header`, and the
         // reader's contract).
-        unsafe {
-            peer_mem::copy(
-                bytes.as_ptr() as u64,
-                dst + u64::from(got) + u64::from(at),
-                bytes.len(),
-            );
+        if !dst.write(u64::from(got) + u64::from(at), bytes) {
+            return Err(protocol("more GET data than asked for"));
         }
         Ok(())
     }
@@ -308,11 +305,16 @@ impl Handler for Answers<'_> {
         let Some(p) = self.lane.pending.get_mut(i) else {
             return Err(protocol("GET data for nothing"));
         };
-        let Awaits::Data { dst, len, got } = p.awaits else {
+        let Awaits::Data {
+            ref dst,
+            ref mut got,
+        } = p.awaits
+        else {
             return Err(protocol("data for a PUT or an atomic"));
         };
-        let got = got + h.len;
-        p.awaits = Awaits::Data { dst, len, got };
+        let len = dst.len();
+        *got += h.len;
+        let got = *got;
         if h.arg == LAST {
             if got != len {
                 return Err(protocol("fewer GET bytes than asked for"));

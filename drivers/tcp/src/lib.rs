@@ -89,24 +89,35 @@
 //!
 //! See [`wire`]: a fixed 56-byte header per frame, versioned, decoded with
 //! checks on every field.
+//!
+//! # Unsafe code
+//!
+//! Confined to the private module `sys`: the io_uring requests that hand
+//! the kernel pointers (send batches, connect addresses, the
+//! provided-buffer ring, the window a large PUT is received into), raw
+//! copies and atomics on an operation's local memory and on registered
+//! windows, and adopting the descriptors accepts return. The rest of the
+//! crate denies unsafe code and reaches all of it through safe functions,
+//! with one exception: `Tcp::post`, which the `Driver` trait declares
+//! `unsafe`, is allowed unsafe code to turn the engine's promise about
+//! the operation's memory into the value `sys` reads and writes that
+//! memory through (`sys::mem::Local`, made by an `unsafe fn`). Some of
+//! `sys`'s safe functions rest on lifetimes the driver keeps outside it (a
+//! connection is freed only once no request names it; a deregistered
+//! window's quiesce waits while a connection still reaches it); `sys`'s
+//! documentation names them.
 #![deny(unsafe_code, missing_docs)]
 
-// Both implement the engine's unsafe data-path contract and hand the
-// kernel pointers (through `uring`).
-#[allow(unsafe_code)]
 mod driver;
-#[allow(unsafe_code)]
 mod lane;
-#[allow(unsafe_code)]
-mod send;
 pub mod stream;
+// The only module allowed unsafe code (see the crate docs, "Unsafe
+// code").
 #[allow(unsafe_code)]
+mod sys;
 mod target;
-#[allow(unsafe_code)]
-mod uring;
 pub mod wire;
 
-// The driver implements the engine's unsafe `post` contract.
 pub use driver::Tcp;
 
 use ringfence::{DriverError, Status};

@@ -169,10 +169,10 @@ impl Reader {
     /// at the end of the frame.
     pub fn advance(&mut self, n: u32, handler: &mut impl Handler) -> Result<(), Broken> {
         let State::Payload { h, at } = self.state else {
-            return Err(Broken::Protocol("bytes direct_unread outside a payload"));
+            return Err(Broken::Protocol("bytes placed outside a payload"));
         };
         if n > h.len - at {
-            return Err(Broken::Protocol("bytes direct_unread beyond a payload"));
+            return Err(Broken::Protocol("bytes placed beyond a payload"));
         }
         let at = at + n;
         self.state = if at == h.len {

@@ -8,41 +8,27 @@
 //! stays in sync. Answers go out in request order on the request's
 //! connection; successful PUTs and NOTIFYs share one cumulative ACK.
 
-use crate::send::SendQueue;
 use crate::stream::{Broken, Handler, Stop};
+use crate::sys::mem::{self, Span, Window};
+use crate::sys::send::SendQueue;
 use crate::wire::{HEADER_LEN, Header, LAST, Opcode};
 use ringfence::NotifyPool;
-use ringfence::peer_mem;
 use ringfence_ring::{AtomicOp, Status};
-
-/// A local registration as the target checks it.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Window {
-    pub(crate) base: u64,
-    pub(crate) len: u64,
-    pub(crate) secret: u64,
-}
 
 /// Registrations by id (the index).
 pub(crate) type Windows = [Option<Window>];
 
-/// Checks `[addr, addr + len)` of registration `key` with `secret`.
-fn check(regs: &Windows, h: &Header) -> Result<(), Status> {
+/// Checks `[addr, addr + len)` of registration `key` with `secret`: the
+/// span of its window the request may reach.
+fn check(regs: &Windows, h: &Header) -> Result<Span, Status> {
     let reg = regs
         .get(h.key as usize)
         .and_then(Option::as_ref)
         .ok_or(Status::InvalidRkey)?;
-    if reg.secret != h.secret {
+    if reg.secret() != h.secret {
         return Err(Status::AccessDenied);
     }
-    let end = h
-        .addr
-        .checked_add(u64::from(h.len))
-        .ok_or(Status::OutOfBounds)?;
-    if h.addr < reg.base || end > reg.base + reg.len {
-        return Err(Status::OutOfBounds);
-    }
-    Ok(())
+    reg.span(h.addr, h.len).ok_or(Status::OutOfBounds)
 }
 
 /// A GET being answered in pieces, as send room allows.
@@ -56,23 +42,33 @@ pub(crate) struct GetJob {
 /// Where the current request's payload goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Sink {
-    /// A checked registered range, from this address on.
-    Write(u64),
+    /// A checked registered range: the whole PUT's.
+    Write(Span),
     /// Read and dropped; the request fails with this status.
     Drop(Status),
     /// Collected for a notification.
     Assemble,
 }
 
-/// One accepted connection's serving state.
+/// Whether the peer sends requests on a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ServeState {
+    /// No HELLO accepted yet: a request is a protocol error.
+    AwaitingHello,
+    /// The peer's HELLO was accepted (its HELLO_ACK queued or held): its
+    /// requests are served.
+    Serving,
+    /// The peer sent BYE: it sends no more requests.
+    Ended,
+}
+
+/// One connection's serving state: the peer's requests on it.
 #[derive(Debug)]
 pub(crate) struct TargetSide {
-    /// The HELLO arrived and was accepted (its HELLO_ACK queued or held).
-    pub(crate) greeted: bool,
+    /// Greeted, serving, or ended.
+    pub(crate) state: ServeState,
     /// The peer's instance, from its HELLO.
     pub(crate) peer_instance: u64,
-    /// The peer sent BYE: it sends no more requests.
-    pub(crate) ended: bool,
     /// The HELLO_ACK of a HELLO that made this connection carry requests
     /// both ways, held until the room kept for answers is free in the
     /// filling batch ([`TargetSide::release_hello_ack`]): the peer sends no
@@ -101,9 +97,8 @@ impl TargetSide {
     /// `notify_size` bytes.
     pub(crate) fn new(notify_size: usize) -> TargetSide {
         TargetSide {
-            greeted: false,
+            state: ServeState::AwaitingHello,
             peer_instance: 0,
-            ended: false,
             held_hello_ack: None,
             sink: Sink::Drop(Status::InvalidArgument),
             ack: None,
@@ -117,7 +112,17 @@ impl TargetSide {
     /// Whether the peer sends requests on this connection (it greeted and
     /// has not said BYE).
     pub(crate) fn serving(&self) -> bool {
-        self.greeted && !self.ended
+        self.state == ServeState::Serving
+    }
+
+    /// Whether the peer's HELLO was accepted (BYE since or not).
+    pub(crate) fn greeted(&self) -> bool {
+        self.state != ServeState::AwaitingHello
+    }
+
+    /// Whether the peer said BYE.
+    pub(crate) fn ended(&self) -> bool {
+        self.state == ServeState::Ended
     }
 
     /// Queues a held HELLO_ACK once the room kept for answers is free in
@@ -139,10 +144,10 @@ impl TargetSide {
     }
 
     /// Where the current PUT's payload is written, if it passed the checks:
-    /// the address of its first byte.
-    pub(crate) fn write_target(&self) -> Option<u64> {
+    /// the whole PUT's range.
+    pub(crate) fn write_target(&self) -> Option<Span> {
         match self.sink {
-            Sink::Write(addr) => Some(addr),
+            Sink::Write(span) => Some(span),
             _ => None,
         }
     }
@@ -163,7 +168,7 @@ pub(crate) struct Requests<'a> {
     /// from the window, and room for answers is kept (see [`wire`]).
     ///
     /// [`wire`]: crate::wire
-    pub(crate) duplex: bool,
+    pub(crate) gets_from_window: bool,
     /// A lane of ours sends on this connection: a HELLO makes it carry
     /// requests both ways, and its HELLO_ACK is held
     /// ([`TargetSide::release_hello_ack`]).
@@ -226,25 +231,24 @@ impl Requests<'_> {
                 self.serve.get = Some(job);
                 return false;
             }
-            // The registration may have gone since the last piece.
-            let status = check(self.regs, &r);
-            let last = status.is_err() || n == left;
+            // The registration may have gone since the last piece (nothing
+            // deregisters during this call: the engine lock is held).
+            let checked = check(self.regs, &r);
+            let last = checked.is_err() || n == left;
             let piece = Header {
                 seq: r.seq,
-                len: if status.is_ok() { n } else { 0 },
+                len: if checked.is_ok() { n } else { 0 },
                 arg: if last { LAST } else { 0 },
-                status: status.err().map_or(0, Status::as_raw),
+                status: checked.err().map_or(0, Status::as_raw),
                 ..Header::new(Opcode::GetData, r.lane)
             };
-            let src = r.addr + u64::from(job.done);
             let len = piece.len as usize;
+            let done = job.done;
             let queued = self.send.push_filled(&piece.encode(), len, |dst| {
-                // SAFETY: `[src, src + len)` lies inside a live registration
-                // (checked just above, and nothing deregisters during this
-                // call: the engine lock is held), memory peers may write
-                // meanwhile (copied out with the peer primitive: an aligned
-                // word is one atomic load); `dst` is `len` bytes of staging.
-                unsafe { peer_mem::copy_from_peer(src as usize as *const u8, dst, len) }
+                if let Ok(span) = checked {
+                    let read = span.read(done, dst);
+                    debug_assert!(read, "a piece inside the GET");
+                }
             });
             if !queued {
                 self.serve.get = Some(job);
@@ -264,7 +268,7 @@ impl Requests<'_> {
     /// requests both ways; see [`wire`]).
     ///
     /// [`wire`]: crate::wire
-    fn get_by_reference(&mut self, h: &Header) -> Result<(), Stop> {
+    fn get_by_reference(&mut self, h: &Header, span: Span) -> Result<(), Stop> {
         if !self.flush_ack() {
             return Err(Stop::Pause);
         }
@@ -274,15 +278,11 @@ impl Requests<'_> {
             arg: LAST,
             ..Header::new(Opcode::GetData, h.lane)
         };
-        // SAFETY: `[addr, addr + len)` lies inside a live registration
-        // (checked by the caller). Deregistering it waits until no queued
-        // or flying batch sends from its window (`holds_window`, the
-        // driver's `quiesce`), closing the connection if the peer does not
-        // take the data in time, and waiting out the canceled send.
-        let queued = unsafe {
-            self.send
-                .push_window(&piece.encode(), h.addr, h.len as usize, h.key)
-        };
+        // Deregistering the window waits until no queued or in-flight
+        // batch sends from it (`holds_window`, the driver's `quiesce`),
+        // closing the connection if the peer does not take the data in
+        // time, and waiting out the canceled send.
+        let queued = self.send.push_window(&piece.encode(), span, h.key);
         if queued { Ok(()) } else { Err(Stop::Pause) }
     }
 
@@ -293,16 +293,7 @@ impl Requests<'_> {
         }
         let result = AtomicOp::try_from(h.arg)
             .map_err(|_| Status::InvalidSubop)
-            .and_then(|op| {
-                check(self.regs, h)?;
-                if h.addr % 8 != 0 {
-                    return Err(Status::Misaligned);
-                }
-                // SAFETY: 8 aligned bytes inside a live registration
-                // (checked); other accesses to the word are atomic by the
-                // registration's contract.
-                Ok(unsafe { peer_mem::atomic(h.addr, op, h.operand, h.operand2) })
-            });
+            .and_then(|op| check(self.regs, h)?.atomic(op, h.operand, h.operand2));
         let answer = Header {
             seq: h.seq,
             status: result.err().map_or(0, Status::as_raw),
@@ -346,22 +337,24 @@ impl Handler for Requests<'_> {
             )));
         }
         if h.opcode == Opcode::Bye {
-            if !self.serve.greeted {
-                return Err(Stop::Fail(Broken::Protocol("a BYE before HELLO")));
-            }
-            if self.serve.ended {
-                return Err(Stop::Fail(Broken::Protocol("a second BYE")));
-            }
-            // Answers already queued keep their order; a held ACK goes at
-            // the next commit as usual.
-            self.serve.ended = true;
-            return Ok(());
+            return match self.serve.state {
+                ServeState::AwaitingHello => {
+                    Err(Stop::Fail(Broken::Protocol("a BYE before HELLO")))
+                }
+                ServeState::Ended => Err(Stop::Fail(Broken::Protocol("a second BYE"))),
+                ServeState::Serving => {
+                    // Answers already queued keep their order; a held ACK
+                    // goes at the next commit as usual.
+                    self.serve.state = ServeState::Ended;
+                    Ok(())
+                }
+            };
         }
-        if self.serve.ended {
+        if self.serve.ended() {
             return Err(Stop::Fail(Broken::Protocol("a request after BYE")));
         }
         if h.opcode == Opcode::Hello {
-            if self.serve.greeted {
+            if self.serve.greeted() {
                 return Err(Stop::Fail(Broken::Protocol("a second HELLO")));
             }
             let status = if h.operand != self.instance {
@@ -384,20 +377,21 @@ impl Handler for Requests<'_> {
                 // Sent by the driver once the answer room is free; the
                 // reader goes on meanwhile (it never waits for room here).
                 self.serve.held_hello_ack = Some(ack);
-                self.serve.greeted = true;
+                self.serve.state = ServeState::Serving;
                 self.serve.peer_instance = h.seq;
                 return Ok(());
             }
             if !self.send.push_copy(&[&ack.encode()]) {
                 return Err(Stop::Pause);
             }
-            self.serve.greeted = status == 0;
+            // A refused HELLO leaves it awaiting one.
             if status == 0 {
+                self.serve.state = ServeState::Serving;
                 self.serve.peer_instance = h.seq;
             }
             return Ok(());
         }
-        if !self.serve.greeted {
+        if !self.serve.greeted() {
             return Err(Stop::Fail(Broken::Protocol("a request before HELLO")));
         }
         // Answers go out in order: a GET still being sent comes first, and
@@ -408,7 +402,7 @@ impl Handler for Requests<'_> {
         match h.opcode {
             Opcode::Put => {
                 self.serve.sink = match check(self.regs, h) {
-                    Ok(()) => Sink::Write(h.addr),
+                    Ok(span) => Sink::Write(span),
                     Err(status) => Sink::Drop(status),
                 };
                 Ok(())
@@ -427,19 +421,22 @@ impl Handler for Requests<'_> {
                 Ok(())
             }
             Opcode::Get => {
-                if let Err(status) = check(self.regs, h) {
-                    let answer = Header {
-                        seq: h.seq,
-                        arg: LAST,
-                        status: status.as_raw(),
-                        ..Header::new(Opcode::GetData, h.lane)
-                    };
-                    let queued = self.answer(&answer);
-                    debug_assert!(queued, "room was checked");
-                    return Ok(());
-                }
-                if self.duplex {
-                    return self.get_by_reference(h);
+                let span = match check(self.regs, h) {
+                    Ok(span) => span,
+                    Err(status) => {
+                        let answer = Header {
+                            seq: h.seq,
+                            arg: LAST,
+                            status: status.as_raw(),
+                            ..Header::new(Opcode::GetData, h.lane)
+                        };
+                        let queued = self.answer(&answer);
+                        debug_assert!(queued, "room was checked");
+                        return Ok(());
+                    }
+                };
+                if self.gets_from_window {
+                    return self.get_by_reference(h, span);
                 }
                 self.serve.get = Some(GetJob {
                     request: *h,
@@ -455,13 +452,12 @@ impl Handler for Requests<'_> {
 
     fn payload(&mut self, _h: &Header, at: u32, bytes: &[u8]) -> Result<(), Stop> {
         match self.serve.sink {
-            Sink::Write(addr) => {
-                // SAFETY: `[addr, addr + h.len)` was checked against a live
-                // registration when the header came, and nothing deregisters
-                // while this call runs (the engine lock is held); `at +
-                // bytes.len() <= h.len` (the reader's contract); the source
-                // is our receive buffer.
-                unsafe { peer_mem::copy(bytes.as_ptr() as u64, addr + u64::from(at), bytes.len()) }
+            Sink::Write(span) => {
+                // `at + bytes.len() <= h.len` (the reader's contract); a
+                // piece out of range all the same fails the PUT.
+                if !span.write(at, bytes) {
+                    self.serve.sink = Sink::Drop(Status::OutOfBounds);
+                }
             }
             Sink::Assemble => {
                 // `at + bytes.len() <= h.len <= assembly.len()` (the
@@ -494,14 +490,11 @@ impl Handler for Requests<'_> {
             Opcode::Notify => {
                 let result = match (self.serve.sink, self.notify) {
                     (Sink::Assemble, Some(pool)) => {
+                        // `h.len` bytes (at most the pool's buffer size,
+                        // checked), every one of them written by this
+                        // NOTIFY's pieces.
                         match self.serve.assembly.get(..h.len as usize) {
-                            // SAFETY: `data` is our own buffer of `h.len`
-                            // bytes (at most the pool's buffer size,
-                            // checked), every one of them written by this
-                            // NOTIFY's pieces.
-                            Some(data) => unsafe {
-                                pool.deliver(data.as_ptr() as u64, h.len, h.operand)
-                            },
+                            Some(data) => mem::deliver(pool, data, h.operand),
                             None => Err(Status::InvalidLength),
                         }
                     }
@@ -551,7 +544,7 @@ mod tests {
             regs: &[],
             notify: Some(pool),
             instance: 1,
-            duplex: false,
+            gets_from_window: false,
             hold_hello_ack: false,
         };
         for chunk in frame.chunks(piece) {
@@ -568,7 +561,7 @@ mod tests {
     fn notifications_in_pieces_are_assembled_in_storage_that_never_grows() {
         let pool = NotifyPool::new(1000, 4096).unwrap();
         let mut serve = TargetSide::new(pool.buffer_size() as usize);
-        serve.greeted = true;
+        serve.state = ServeState::Serving;
         let mut send = SendQueue::new(64 << 10, 64);
         let storage = (serve.assembly.as_ptr(), serve.assembly.len());
         for seq in 0..1000u64 {
@@ -593,7 +586,7 @@ mod tests {
     fn a_notification_longer_than_the_storage_is_refused_not_grown() {
         let pool = NotifyPool::new(4, 4096).unwrap();
         let mut serve = TargetSide::new(1000);
-        serve.greeted = true;
+        serve.state = ServeState::Serving;
         let mut send = SendQueue::new(64 << 10, 64);
         let storage = (serve.assembly.as_ptr(), serve.assembly.len());
         feed(&mut serve, &mut send, &pool, &notify_frame(0, 1000), 300);

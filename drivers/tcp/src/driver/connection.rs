@@ -1,23 +1,22 @@
-//! The connection table and the endpoints over it: accepting, opening a
-//! lane's connection or adopting the peer's, greeting, closing, releasing
-//! and freeing connections, and failing endpoints.
+//! Connections and the endpoints over them: accepting, opening a lane's
+//! connection or adopting the peer's, greeting, closing, releasing and
+//! freeing connections, and failing endpoints.
 
 use crate::MAX_LEN;
 use crate::lane::Lane;
-use crate::send::SendQueue;
 use crate::stream::Reader;
+use crate::sys::requests::{self, Tag};
+use crate::sys::send::SendQueue;
 use crate::target::TargetSide;
-use crate::uring::{self, Tag};
 use crate::wire::{Address, HEADER_LEN, Header, Opcode};
-use io_uring::{opcode, types};
-use nix::libc;
-use nix::sys::socket::{self, AddressFamily, SockFlag, SockType, SockaddrLike, SockaddrStorage};
-use ringfence::{Completion, Connect, DriverEp, DriverError, Token};
+use nix::sys::socket::{self, AddressFamily, SockFlag, SockType, SockaddrStorage};
+use ringfence::{Connect, DriverEp, DriverError, Token};
 use ringfence_ring::Status;
 use std::collections::VecDeque;
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
+use super::conn::AckHold;
 use super::*;
 
 impl Tcp {
@@ -25,13 +24,10 @@ impl Tcp {
         if self.accept_armed {
             return;
         }
-        let entry = opcode::AcceptMulti::new(types::Fd(self.listener.as_raw_fd()))
-            .flags(libc::SOCK_CLOEXEC)
-            .build()
-            .user_data(uring::user_data(Tag::Accept, 0, 0));
-        // SAFETY: the entry names only the listener, which lives as long as
-        // the driver (whose teardown waits for this request to end).
-        if unsafe { self.uring.push(&entry) }.is_ok() {
+        // The listener lives as long as the driver, whose teardown waits
+        // for this request to end.
+        let user_data = requests::user_data(Tag::Accept, 0, 0);
+        if self.uring.accept_multi(self.listener.as_fd(), user_data) {
             self.accept_armed = true;
         }
     }
@@ -41,52 +37,38 @@ impl Tcp {
         &mut self,
         fd: OwnedFd,
         our_lane: Option<(u32, u8)>,
-        peer: SockaddrStorage,
+        connect_to: SockaddrStorage,
     ) -> u32 {
         let notify_size = self.notify.as_ref().map_or(0, |p| p.buffer_size() as usize);
-        let slot = match self.free_conns.pop() {
-            Some(slot) => slot,
-            None => {
-                self.conns.push(None);
-                self.generations.push(0);
-                self.conns.len() as u32 - 1
-            }
+        let send_buffer = self.config.send_buffer;
+        let uring = &mut self.uring;
+        // A lane's own connection connects first; an accepted one is open.
+        let (state, lane) = match our_lane {
+            Some((ep, lane)) => (ConnState::Connecting, OurLane::Sending { ep, lane }),
+            None => (ConnState::Open, OurLane::Never),
         };
-        let generation = self.generations[slot as usize].wrapping_add(1);
-        self.generations[slot as usize] = generation;
-        let fixed = self.uring.fix(slot, fd.as_raw_fd());
-        self.conns[slot as usize] = Some(Box::new(Conn {
-            fixed,
+        self.conns.insert(|slot, generation| Conn {
+            fixed_file: uring.fix(slot, fd.as_raw_fd()),
             fd,
             generation,
-            our_lane,
-            served_our_lane: our_lane.is_some(),
+            state,
+            our_lane: lane,
             accepted: our_lane.is_none(),
             duplex: false,
             gets_from_window: false,
-            peer_ip: None,
+            accepted_from: None,
             reader: Reader::new(MAX_LEN),
-            send: SendQueue::new(self.config.send_buffer, 1024),
-            peer,
+            send: SendQueue::new(send_buffer, 1024),
+            connect_to,
             in_flight: 0,
-            connected: our_lane.is_none(),
-            recv_armed: false,
-            spinning: false,
-            spin: 0,
+            recv: Receive::Idle,
+            recv_mode: RecvMode::Multishot,
             on_send_list: false,
-            closing: false,
-            backlog: VecDeque::with_capacity(usize::from(self.uring.buffer_count())),
+            backlog: VecDeque::with_capacity(usize::from(uring.buffer_count())),
             serve: TargetSide::new(notify_size),
-            direct: Direct::Off,
             direct_unread: 0,
-            ack: AckHold::None,
-        }));
-        slot
-    }
-
-    /// The live connection in `slot` if its generation is `generation`.
-    pub(super) fn conn_mut(&mut self, slot: u32, generation: u32) -> Option<&mut Conn> {
-        conn_at(&mut self.conns, slot, generation)
+            ack_hold: AckHold::None,
+        })
     }
 
     /// Starts closing a connection: the kernel's requests on it end
@@ -96,15 +78,15 @@ impl Tcp {
     /// of its own instead (the peer closed its side before it saw our
     /// HELLO).
     pub(super) fn close_conn(&mut self, slot: u32, status: Status) {
-        let Some(conn) = live(&mut self.conns, slot) else {
+        let Some(conn) = self.conns.live(slot) else {
             return;
         };
-        if conn.closing {
+        if conn.closing() {
             return;
         }
-        conn.closing = true;
+        conn.state = ConnState::Closing;
         conn.send.discard();
-        let our_lane = conn.our_lane.take();
+        let our_lane = conn.our_lane.let_go();
         // A lane of ours on a connection we accepted adopted it.
         let adopted = conn.accepted;
         let generation = conn.generation;
@@ -112,11 +94,8 @@ impl Tcp {
         // Ends a receive and a send in progress at once.
         let _ = socket::shutdown(fd, socket::Shutdown::Both);
         if conn.in_flight > 0 {
-            let entry = opcode::AsyncCancel2::new(types::CancelBuilder::fd(types::Fd(fd)).all())
-                .build()
-                .user_data(uring::user_data(Tag::Cancel, slot, generation));
-            // SAFETY: a cancellation names no memory.
-            let _ = unsafe { self.uring.push(&entry) };
+            let user_data = requests::user_data(Tag::Cancel, slot, generation);
+            let _ = self.uring.cancel_fd(fd, user_data);
         }
         self.recycle_backlog(slot);
         if let Some((ep, lane)) = our_lane {
@@ -131,11 +110,12 @@ impl Tcp {
     /// before its HELLO was answered: it opens its own. `false` if the lane
     /// was up already, or the endpoint is not connecting, or no socket.
     pub(super) fn reopen_lane(&mut self, e: u32, lane: u8) -> bool {
-        let Some(ep) = self.eps.get(e as usize).and_then(Option::as_ref) else {
+        let Some(ep) = self.eps.get(e) else {
             return false;
         };
         let up = ep.lanes.get(usize::from(lane)).is_none_or(|l| l.up);
-        if up || self.tearing_down || !matches!(ep.state, EpState::Connecting(_)) {
+        let tearing_down = self.teardown.is_some();
+        if up || tearing_down || !matches!(ep.state, EpState::Connecting(_)) {
             return false;
         }
         let (peer, lanes) = (ep.peer, ep.lanes.len() as u8);
@@ -147,21 +127,13 @@ impl Tcp {
                     "tcp: adopted connection lost; lane reconnects"
                 );
                 let depth = self.config.depth;
-                if let Some(l) = self.ep_lane(e, lane) {
+                if let Some(l) = self.eps.lane_mut(e, lane) {
                     *l = Lane::new(slot, depth);
                 }
                 true
             }
             Err(_) => false,
         }
-    }
-
-    pub(super) fn ep_lane(&mut self, e: u32, lane: u8) -> Option<&mut Lane> {
-        self.eps
-            .get_mut(e as usize)?
-            .as_mut()?
-            .lanes
-            .get_mut(usize::from(lane))
     }
 
     /// Opens connection `lane` of endpoint `e` (of `lanes`) to `peer`: the
@@ -182,19 +154,14 @@ impl Tcp {
         tune(&fd, self.config.timeout)?;
         let slot = self.add_conn(fd, Some((e, lane)), SockaddrStorage::from(peer.socket));
         self.queue_hello(slot, e, lane, lanes, peer.instance);
-        let conn = self.conns[slot as usize]
-            .as_deref_mut()
-            .expect("just added");
-        let entry = on_socket!(conn, |fd| opcode::Connect::new(
-            fd,
-            conn.peer.as_ptr(),
-            conn.peer.len(),
-        )
-        .build())
-        .user_data(uring::user_data(Tag::Connect, slot, conn.generation));
-        // SAFETY: the address lives in the boxed connection, which is
-        // freed only after this request completes (`in_flight`).
-        if unsafe { self.uring.push(&entry) }.is_ok() {
+        let conn = self.conns.live(slot).expect("just added");
+        // The address lives in the boxed connection, which is freed only
+        // after this request completes (`in_flight`).
+        let user_data = requests::user_data(Tag::Connect, slot, conn.generation);
+        if self
+            .uring
+            .connect(conn.socket(), &conn.connect_to, user_data)
+        {
             conn.in_flight += 1;
         }
         Ok(slot)
@@ -207,22 +174,22 @@ impl Tcp {
     pub(super) fn adoptable(&self, peer: &Address) -> Option<u32> {
         let fits = |c: &Conn| {
             c.accepted
-                && !c.served_our_lane
-                && !c.closing
+                && c.our_lane == OurLane::Never
+                && !c.closing()
                 && c.serve.serving()
                 && c.serve.peer_instance == peer.instance
-                && c.peer_ip == Some(peer.socket.ip())
+                && c.accepted_from == Some(peer.socket.ip())
                 && !c.serve.answering_get()
                 && c.backlog.is_empty()
                 // Nothing queued or in flight: our HELLO fits, and the room
                 // kept for answers is free from the first batch on.
                 && c.send.queued() == 0
-                && !c.send.is_flying()
+                && !c.send.is_sending()
         };
         self.conns
             .iter()
-            .position(|c| c.as_deref().is_some_and(fits))
-            .map(|slot| slot as u32)
+            .find(|&(_, c)| fits(c))
+            .map(|(slot, _)| slot)
     }
 
     /// Queues the HELLO of lane `lane` (of `lanes`) of endpoint `e` on
@@ -235,30 +202,32 @@ impl Tcp {
             operand: instance,
             ..Header::new(Opcode::Hello, lane)
         };
-        let Some(conn) = self.conns[slot as usize].as_deref_mut() else {
+        let Some(conn) = self.conns.live(slot) else {
             return;
         };
         // A new connection is empty, and an adopted one has nothing queued
         // (`adoptable`).
         let queued = conn.send.push_copy(&[&hello.encode()]);
         debug_assert!(queued, "a HELLO fits");
-        Self::want_send(&mut self.to_send, slot, conn);
+        self.round.want_send(slot, conn);
     }
 
     /// Lets go of `slot` as a lane of ours (its endpoint failed or was
     /// released): if the peer still sends requests on it, we say BYE and
     /// go on serving; else it closes.
     pub(super) fn release_conn(&mut self, slot: u32, status: Status) {
-        let Some(conn) = live(&mut self.conns, slot) else {
+        let Some(conn) = self.conns.live(slot) else {
             return;
         };
-        if conn.closing || conn.our_lane.is_none() {
+        if conn.closing() {
             return;
         }
-        conn.our_lane = None;
+        if conn.our_lane.let_go().is_none() {
+            return;
+        }
         let bye = Header::new(Opcode::Bye, 0).encode();
         if conn.serve.serving() && conn.send.push_copy(&[&bye]) {
-            Self::want_send(&mut self.to_send, slot, conn);
+            self.round.want_send(slot, conn);
         } else {
             self.close_conn(slot, status);
         }
@@ -268,27 +237,27 @@ impl Tcp {
     /// carries requests both ways, and a connection that carries none any
     /// more closes.
     pub(super) fn settle(&mut self, slot: u32) {
-        let Tcp { conns, eps, .. } = self;
-        let Some(conn) = live(conns, slot) else {
+        let Some(conn) = self.conns.live(slot) else {
             return;
         };
-        if conn.closing {
+        if conn.closing() {
             return;
         }
         match conn.our_lane {
-            Some((e, lane)) if conn.serve.greeted && !conn.duplex => {
+            OurLane::Sending { ep: e, lane } if conn.serve.greeted() && !conn.duplex => {
                 conn.duplex = true;
                 conn.send.reserve_answers(ANSWER_ROOM, HEADER_LEN);
-                let lane = eps
-                    .get_mut(e as usize)
-                    .and_then(Option::as_mut)
-                    .and_then(|ep| ep.lanes.get_mut(usize::from(lane)));
-                if let Some(lane) = lane {
+                if let Some(lane) = self.eps.lane_mut(e, lane) {
                     lane.make_duplex();
                 }
                 tracing::debug!(slot, "tcp: connection carries requests both ways");
             }
-            None if conn.serve.ended || (conn.served_our_lane && !conn.serve.serving()) => {
+            OurLane::Never if conn.serve.ended() => {
+                // The peer sends no more requests, and we never did.
+                self.close_conn(slot, Status::Canceled);
+                return;
+            }
+            OurLane::LetGo if !conn.serve.serving() => {
                 // Neither side sends requests on it any more.
                 self.close_conn(slot, Status::Canceled);
                 return;
@@ -298,12 +267,12 @@ impl Tcp {
         // A held HELLO_ACK goes once the answer room is free, whether or
         // not a lane of ours still sends here (the peer's lane waits for it).
         if conn.serve.release_hello_ack(&mut conn.send) {
-            Self::want_send(&mut self.to_send, slot, conn);
+            self.round.want_send(slot, conn);
         }
     }
 
     pub(super) fn recycle_backlog(&mut self, slot: u32) {
-        let Some(conn) = live(&mut self.conns, slot) else {
+        let Some(conn) = self.conns.live(slot) else {
             return;
         };
         let bids = conn.backlog.drain(..).map(|(bid, _, _)| bid);
@@ -312,18 +281,10 @@ impl Tcp {
 
     /// Frees a closing connection once nothing in flight names it.
     pub(super) fn maybe_free(&mut self, slot: u32) {
-        let free = self
-            .conns
-            .get(slot as usize)
-            .and_then(|c| c.as_deref())
-            .is_some_and(|c| c.closing && c.in_flight == 0);
-        if free {
-            if let Some(conn) = self.conns[slot as usize].take() {
-                if let Some(index) = conn.fixed {
-                    self.uring.unfix(index);
-                }
+        if let Some(conn) = self.conns.take_finished(slot) {
+            if let Some(index) = conn.fixed_file {
+                self.uring.unfix(index);
             }
-            self.free_conns.push(slot);
         }
     }
 
@@ -331,34 +292,14 @@ impl Tcp {
     /// `status`, so do its flushes and a connect in progress, and its
     /// connections close.
     pub(super) fn fail_ep(&mut self, e: u32, status: Status) {
-        let Some(ep) = self.eps.get_mut(e as usize).and_then(Option::as_mut) else {
+        let Some(conns) = self.eps.fail(e, status) else {
             return;
         };
-        if matches!(ep.state, EpState::Failed(_)) {
-            return;
-        }
-        if let EpState::Connecting(token) = ep.state {
-            self.ready.push_back(Completion::new(token, Err(status)));
-        }
-        tracing::debug!(ep = e, %status, "tcp endpoint failed");
-        ep.state = EpState::Failed(status);
-        let conns: Vec<u32> = ep.lanes.iter().map(|l| l.conn).collect();
-        for lane in &mut ep.lanes {
-            lane.fail_all(status);
-        }
-        if !ep.on_send_list {
-            ep.on_send_list = true;
-            self.answered.push(e);
-        }
         // The failing connection is closing already; the others close, or
         // go on carrying the peer's requests (BYE).
         for slot in conns {
             self.release_conn(slot, status);
         }
-    }
-
-    pub(super) fn ep_mut(&mut self, ep: DriverEp) -> Option<&mut Ep> {
-        self.eps.get_mut(ep.0 as usize).and_then(Option::as_mut)
     }
 
     /// Opens `lanes` connections, or takes the peer's own (`adoptable`),
@@ -375,19 +316,12 @@ impl Tcp {
         if lanes == 0 || lanes > self.config.max_lanes {
             return Err(err(Status::InvalidArgument, "lanes out of range"));
         }
-        let e = match self.eps.iter().position(Option::is_none) {
-            Some(e) => e,
-            None => {
-                self.eps.push(None);
-                self.eps.len() - 1
-            }
-        } as u32;
+        let e = self.eps.free_handle();
         let mut slots = Vec::with_capacity(usize::from(lanes));
         for lane in 0..lanes {
             if let Some(slot) = self.adoptable(&address) {
-                let conn = self.conns[slot as usize].as_deref_mut().expect("adoptable");
-                conn.our_lane = Some((e, lane));
-                conn.served_our_lane = true;
+                let conn = self.conns.live(slot).expect("adoptable");
+                conn.our_lane = OurLane::Sending { ep: e, lane };
                 self.queue_hello(slot, e, lane, lanes, address.instance);
                 slots.push(slot);
                 continue;
@@ -406,14 +340,16 @@ impl Tcp {
             }
         }
         let depth = self.config.depth;
-        self.eps[e as usize] = Some(Ep {
-            peer: address,
-            state: EpState::Connecting(token),
-            lanes: slots.iter().map(|&s| Lane::new(s, depth)).collect(),
-            flushes: (0..MAX_FLUSHES).map(|_| None).collect(),
-            on_send_list: false,
-            released: false,
-        });
+        self.eps.insert(
+            e,
+            Ep {
+                peer: address,
+                state: EpState::Connecting(token),
+                lanes: slots.iter().map(|&s| Lane::new(s, depth)).collect(),
+                flushes: (0..MAX_FLUSHES).map(|_| None).collect(),
+                on_report_list: false,
+            },
+        );
         for &slot in &slots {
             self.settle(slot);
         }
@@ -425,18 +361,15 @@ impl Tcp {
     }
 
     pub(super) fn disconnect_ep(&mut self, ep: DriverEp) {
-        let Some(endpoint) = self.ep_mut(ep) else {
+        let Some(endpoint) = self.eps.get(ep.0) else {
             return;
         };
-        endpoint.released = true;
-        let on_send_list = endpoint.on_send_list;
-        if !matches!(endpoint.state, EpState::Failed(_)) {
+        if endpoint.state.failed().is_none() {
             self.fail_ep(ep.0, Status::Canceled);
-        } else if !on_send_list {
-            if let Some(endpoint) = self.ep_mut(ep) {
-                endpoint.on_send_list = true;
-            }
-            self.answered.push(ep.0);
+        } else {
+            self.eps.report(ep.0);
         }
+        // Failed by now: the slot goes once everything is reported.
+        self.eps.release(ep.0);
     }
 }

@@ -4,17 +4,16 @@
 //! handed to the engine.
 
 use crate::lane::Answers;
-use crate::send::Sent;
 use crate::stream::{Broken, Handler, Stop};
+use crate::sys::requests::{self, Cqe, Tag};
+use crate::sys::send::Sent;
 use crate::target::Requests;
-use crate::uring::{self, BUF_GROUP, Tag, libc_errno};
 use crate::wire::{Header, Opcode};
-use io_uring::{cqueue, opcode, squeue, types};
-use nix::libc;
+use io_uring::cqueue;
+use nix::libc::{EAGAIN, ECANCELED, ENOBUFS};
 use nix::sys::socket::{self, SockaddrStorage};
-use ringfence::Completion;
 use ringfence_ring::Status;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 
 use super::*;
 
@@ -61,13 +60,13 @@ impl Handler for Frames<'_, '_> {
 }
 
 impl Tcp {
-    pub(super) fn handle(&mut self, cqe: &cqueue::Entry) {
-        let Some((tag, slot, generation)) = uring::parse_user_data(cqe.user_data()) else {
+    pub(super) fn handle(&mut self, cqe: Cqe) {
+        let Some((tag, slot, generation)) = requests::parse_user_data(cqe.user_data()) else {
             return;
         };
         let (res, flags) = (cqe.result(), cqe.flags());
         match tag {
-            Tag::Accept => self.on_accept(res, flags),
+            Tag::Accept => self.on_accept(cqe),
             Tag::Connect => self.on_connect(slot, generation, res),
             Tag::Send => self.on_send(slot, generation, res),
             Tag::Recv => self.on_recv(slot, generation, res, flags),
@@ -76,18 +75,18 @@ impl Tcp {
         }
     }
 
-    pub(super) fn on_accept(&mut self, res: i32, flags: u32) {
+    pub(super) fn on_accept(&mut self, cqe: Cqe) {
+        let (res, flags) = (cqe.result(), cqe.flags());
         if !cqueue::more(flags) {
             // Re-armed at the next commit (canceled when the submitting
             // thread exited, or out of resources).
             self.accept_armed = false;
         }
-        if res < 0 {
+        // A successful accept returns a new descriptor, ours from now on.
+        let Some(fd) = cqe.into_accepted() else {
             tracing::debug!(errno = -res, "tcp accept failed");
             return;
-        }
-        // SAFETY: a successful accept returns a new descriptor we own.
-        let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(res) };
+        };
         if let Err(e) = tune(&fd, self.config.timeout) {
             tracing::debug!(%e, "tcp: accepted connection dropped");
             return;
@@ -101,18 +100,18 @@ impl Tcp {
             });
         let peer = SockaddrStorage::from(std::net::SocketAddr::from(([0, 0, 0, 0], 0)));
         let slot = self.add_conn(fd, None, peer);
-        if let Some(conn) = self.conns[slot as usize].as_deref_mut() {
-            conn.peer_ip = peer_ip;
+        if let Some(conn) = self.conns.live(slot) {
+            conn.accepted_from = peer_ip;
         }
         self.arm_recv(slot);
     }
 
     pub(super) fn on_connect(&mut self, slot: u32, generation: u32, res: i32) {
-        let Some(conn) = self.conn_mut(slot, generation) else {
+        let Some(conn) = self.conns.at(slot, generation) else {
             return;
         };
         conn.in_flight -= 1;
-        if conn.closing {
+        if conn.closing() {
             self.maybe_free(slot);
             return;
         }
@@ -121,16 +120,16 @@ impl Tcp {
             self.close_conn(slot, Status::PeerUnreachable);
             return;
         }
-        conn.connected = true;
+        conn.state = ConnState::Open;
         self.arm_recv(slot);
     }
 
     pub(super) fn on_send(&mut self, slot: u32, generation: u32, res: i32) {
-        let Some(conn) = conn_at(&mut self.conns, slot, generation) else {
+        let Some(conn) = self.conns.at(slot, generation) else {
             return;
         };
         conn.in_flight -= 1;
-        if conn.closing {
+        if conn.closing() {
             self.maybe_free(slot);
             return;
         }
@@ -141,81 +140,74 @@ impl Tcp {
         }
         match conn.send.sent(res as usize) {
             Sent::Done => {}
-            Sent::More(msg) => {
-                let entry = Self::send_entry(conn, slot, msg);
-                // SAFETY: as in `commit`.
-                if unsafe { self.uring.push(&entry) }.is_ok() {
+            Sent::More => {
+                let user_data = requests::user_data(Tag::Send, slot, conn.generation);
+                if self
+                    .uring
+                    .send_rest(conn.socket(), &mut conn.send, user_data)
+                {
                     conn.in_flight += 1;
                 }
                 return;
             }
         }
         // Room freed: a paused reader (answers waiting for room) goes on.
-        if conn.accepted || conn.serve.greeted {
+        if conn.accepted || conn.serve.greeted() {
             self.drain(slot);
         }
-        if let Some(conn) = self.conns[slot as usize].as_deref_mut() {
-            Self::want_send(&mut self.to_send, slot, conn);
+        if let Some(conn) = self.conns.live(slot) {
+            self.round.want_send(slot, conn);
         }
-    }
-
-    pub(super) fn send_entry(
-        conn: &Conn,
-        slot: u32,
-        msg: *const libc::msghdr,
-    ) -> io_uring::squeue::Entry {
-        on_socket!(conn, |fd| opcode::SendMsg::new(fd, msg)
-            .flags((libc::MSG_NOSIGNAL | libc::MSG_WAITALL) as u32)
-            .build())
-        .user_data(uring::user_data(Tag::Send, slot, conn.generation))
     }
 
     pub(super) fn on_recv(&mut self, slot: u32, generation: u32, res: i32, flags: u32) {
         let bid = cqueue::buffer_select(flags);
-        let Some(conn) = conn_at(&mut self.conns, slot, generation) else {
+        let Some(conn) = self.conns.at(slot, generation) else {
             self.uring.recycle(bid);
             return;
         };
         let more = cqueue::more(flags);
         if !more {
-            conn.recv_armed = false;
+            conn.recv.buffer_receive_ended();
             conn.in_flight -= 1;
         }
-        if conn.closing {
+        if conn.closing() {
             self.uring.recycle(bid);
             self.maybe_free(slot);
             return;
         }
         match (res, bid) {
             (n, Some(bid)) if n > 0 => {
-                if conn.spinning && n as u32 >= self.config.recv_buffer_size {
-                    // A full buffer: a stream, which the multishot
-                    // receive takes faster (many buffers per entry).
-                    conn.spin = 0;
+                if let RecvMode::Busy { empty_left } = &mut conn.recv_mode {
+                    if n as u32 >= self.config.recv_buffer_size {
+                        // A full buffer: a stream, which the multishot
+                        // receive takes faster (many buffers per entry).
+                        *empty_left = 0;
+                    }
                 }
                 conn.backlog.push_back((bid, n as u32, 0));
-                let spinning = conn.spinning;
+                let busy = conn.recv_mode.busy();
                 self.drain(slot);
                 if !more {
-                    if spinning
-                        && live(&mut self.conns, slot).is_some_and(|c| c.direct == Direct::Off)
-                    {
+                    if busy && self.conns.live(slot).is_some_and(|c| !c.recv.is_direct()) {
                         // Not in this round's commit: the application
                         // sees what came without waiting for another
                         // `io_uring_enter` (as AckHold).
-                        self.spin_next.push(slot);
+                        self.round.spin_next.push(slot);
                     } else {
                         self.receive_again(slot);
                     }
                 }
             }
-            (n, _) if n == -libc_errno::EAGAIN && conn.spinning => {
+            (n, _) if n == -EAGAIN && conn.recv_mode.busy() => {
                 // A busy receive found nothing.
-                conn.spin = conn.spin.saturating_sub(1);
+                if let RecvMode::Busy { empty_left } = &mut conn.recv_mode {
+                    *empty_left = empty_left.saturating_sub(1);
+                }
                 self.uring.recycle(bid);
                 self.receive_again(slot);
             }
-            (n, _) if n == -libc_errno::ENOBUFS || n == -libc_errno::ECANCELED => {
+            (n, _) if n == -ENOBUFS || n == -ECANCELED => {
                 // Out of receive buffers, canceled when the thread that
                 // armed it exited, or stopped for a direct receive.
                 self.uring.recycle(bid);
@@ -244,16 +236,16 @@ impl Tcp {
     /// one was asked for, else the multishot receive is armed again at the
     /// next commit.
     pub(super) fn receive_again(&mut self, slot: u32) {
-        let Some(conn) = live(&mut self.conns, slot) else {
+        let Some(conn) = self.conns.live(slot) else {
             return;
         };
-        if conn.closing {
+        if conn.closing() {
             return;
         }
-        if conn.direct == Direct::Stopping {
+        if conn.recv.stopping() {
             self.start_direct(slot);
         } else {
-            self.rearm.push(slot);
+            self.round.rearm.push(slot);
         }
     }
 
@@ -261,46 +253,47 @@ impl Tcp {
     /// window, if the reader is still inside it; else goes back to the
     /// multishot receive.
     pub(super) fn start_direct(&mut self, slot: u32) {
-        let Some(conn) = live(&mut self.conns, slot) else {
+        let Some(conn) = self.conns.live(slot) else {
             return;
         };
+        // Called once the buffer receive has ended (`receive_again`,
+        // `on_direct`) or when none is in flight (`arm_recv`).
+        debug_assert!(
+            !matches!(conn.recv, Receive::Buffers | Receive::StoppingForDirect),
+            "a direct receive beside a buffer receive"
+        );
         // Only a PUT's payload: the reader may have moved on to an answer's
         // (GET data for a lane of ours) since the multishot was stopped.
         let target = match (conn.reader.in_payload(), conn.serve.write_target()) {
-            (Some((h, at)), Some(addr)) if conn.backlog.is_empty() && h.opcode == Opcode::Put => {
-                Some((h, at, addr))
+            (Some((h, at)), Some(span)) if conn.backlog.is_empty() && h.opcode == Opcode::Put => {
+                span.from(at).map(|rest| (h, rest))
             }
             _ => None,
         };
-        let Some((h, at, addr)) = target else {
-            conn.direct = Direct::Off;
-            self.rearm.push(slot);
+        let Some((h, rest)) = target else {
+            conn.recv.direct_off();
+            self.round.rearm.push(slot);
             return;
         };
-        let dst = (addr + u64::from(at)) as usize as *mut u8;
-        let entry = on_socket!(conn, |fd| opcode::Recv::new(fd, dst, h.len - at)
-            .flags(libc::MSG_WAITALL)
-            .build())
-        .user_data(uring::user_data(Tag::Direct, slot, conn.generation));
-        // SAFETY: `[dst, dst + len)` is the rest of a PUT's range, checked
-        // against a live registration when its header came; the memory
-        // stays until this receive completes: `quiesce` of a deregistered
-        // window answers `Pending` until it has (or `Leak`).
-        if unsafe { self.uring.push(&entry) }.is_ok() {
+        // The rest of the PUT's range, checked when its header came; the
+        // memory stays until this receive completes: `quiesce` of a
+        // deregistered window answers `Pending` until it has (or `Leak`).
+        let user_data = requests::user_data(Tag::Direct, slot, conn.generation);
+        if self.uring.recv_direct(conn.socket(), rest, user_data) {
             conn.in_flight += 1;
-            conn.direct = Direct::Receiving { key: h.key };
+            conn.recv = Receive::Direct { key: h.key };
         } else {
-            conn.direct = Direct::Off;
-            self.rearm.push(slot);
+            conn.recv.direct_off();
+            self.round.rearm.push(slot);
         }
     }
 
     pub(super) fn on_direct(&mut self, slot: u32, generation: u32, res: i32) {
-        let Some(conn) = conn_at(&mut self.conns, slot, generation) else {
+        let Some(conn) = self.conns.at(slot, generation) else {
             return;
         };
         conn.in_flight -= 1;
-        if conn.closing {
+        if conn.closing() {
             self.maybe_free(slot);
             return;
         }
@@ -315,13 +308,14 @@ impl Tcp {
             return;
         }
         conn.direct_unread = res as u32;
-        // Moves the reader past the placed bytes (answering the PUT if they
-        // were its last), then takes whatever else is queued.
+        // Moves the reader past the bytes received into the window
+        // (answering the PUT if they were its last), then takes whatever
+        // else is queued.
         self.drain(slot);
-        let Some(conn) = live(&mut self.conns, slot) else {
+        let Some(conn) = self.conns.live(slot) else {
             return;
         };
-        if conn.closing {
+        if conn.closing() {
             return;
         }
         // A short receive (a signal): the rest, straight again.
@@ -331,33 +325,22 @@ impl Tcp {
     /// Feeds connection `slot`'s received bytes to its reader, as far as
     /// the reader takes them.
     pub(super) fn drain(&mut self, slot: u32) {
-        let Tcp {
-            uring,
-            conns,
-            eps,
-            regs,
-            notify,
-            address,
-            answered,
-            recycled,
-            to_send,
-            held_acks,
-            config,
-            ..
-        } = self;
-        let Some(conn) = live(conns, slot) else {
+        // The connection, our lane, the windows and the ring's buffers are
+        // borrowed together: each through its own field, not through a
+        // method of `self`, until the connection closes or settles below.
+        let Some(conn) = self.conns.live(slot) else {
             return;
         };
         let mut broken: Option<Broken> = None;
         let mut refused = None;
         let mut progressed = false;
         // Our lane's answers, if a lane of ours sends on this connection.
-        let our_lane = conn.our_lane.and_then(|(e, lane)| {
-            let endpoint = eps.get_mut(e as usize)?.as_mut()?;
+        let our_lane = conn.our_lane.sending().and_then(|(e, lane)| {
+            let endpoint = self.eps.get_mut(e)?;
             let instance = endpoint.peer.instance;
             Some((e, endpoint.lanes.get_mut(usize::from(lane))?, instance))
         });
-        let ours_ep = our_lane.as_ref().map(|&(e, _, _)| e);
+        let our_ep = our_lane.as_ref().map(|&(e, _, _)| e);
         if our_lane.as_ref().is_some_and(|(_, lane, _)| lane.up) {
             conn.gets_from_window = true;
         }
@@ -365,11 +348,11 @@ impl Tcp {
             requests: Requests {
                 serve: &mut conn.serve,
                 send: &mut conn.send,
-                regs,
-                notify: notify.as_deref(),
-                instance: address.instance,
-                duplex: conn.gets_from_window,
-                hold_hello_ack: conn.our_lane.is_some(),
+                regs: &self.regs,
+                notify: self.notify.as_deref(),
+                instance: self.address.instance,
+                gets_from_window: conn.gets_from_window,
+                hold_hello_ack: conn.our_lane.sending().is_some(),
             },
             answers: our_lane.map(|(_, lane, instance)| Answers {
                 lane,
@@ -377,7 +360,7 @@ impl Tcp {
                 refused: &mut refused,
                 progressed: &mut progressed,
             }),
-            drop_answers: conn.served_our_lane,
+            drop_answers: conn.our_lane != OurLane::Never,
         };
         let direct_unread = std::mem::take(&mut conn.direct_unread);
         if direct_unread > 0 {
@@ -397,14 +380,14 @@ impl Tcp {
             let Some(&mut (bid, len, ref mut taken)) = conn.backlog.front_mut() else {
                 break;
             };
-            let data = uring.buffer(bid, len as usize).unwrap_or_default();
+            let data = self.uring.buffer(bid, len as usize).unwrap_or_default();
             let rest = data.get(*taken as usize..).unwrap_or_default();
             match conn.reader.feed(rest, &mut handler) {
                 Ok(n) => {
                     *taken += n as u32;
                     if *taken >= len {
                         conn.backlog.pop_front();
-                        recycled.push(bid);
+                        self.uring.recycle_later(bid);
                     } else {
                         go = false; // paused: waits for send room
                     }
@@ -414,50 +397,41 @@ impl Tcp {
         }
         // Answers with data are queued already; the ACK of what this round
         // took waits for the next round's commit (AckHold).
-        if conn.serve.ack_pending() && conn.ack == AckHold::None {
-            conn.ack = AckHold::Fresh;
-            held_acks.push(slot);
-        }
+        self.round.hold_ack(slot, conn);
         // Inside a large PUT's payload: the rest goes straight into the
         // window once the multishot receive has stopped.
         if let Some((h, at)) = conn.reader.in_payload() {
-            let big = h.opcode == Opcode::Put && h.len - at >= config.direct_min;
-            if big
-                && conn.direct == Direct::Off
-                && (conn.recv_armed || conn.spinning)
-                && conn.serve.write_target().is_some()
-            {
-                if conn.recv_armed {
-                    let recv = uring::user_data(Tag::Recv, slot, conn.generation);
-                    let entry = opcode::AsyncCancel::new(recv)
-                        .build()
-                        .user_data(uring::user_data(Tag::Cancel, slot, conn.generation));
-                    // SAFETY: a cancellation names no memory.
-                    if unsafe { uring.push(&entry) }.is_ok() {
-                        conn.direct = Direct::Stopping;
+            let big = h.opcode == Opcode::Put && h.len - at >= self.config.direct_min;
+            // A buffer receive in flight is stopped; busy receiving with
+            // none in flight, the direct receive starts where the next one
+            // would.
+            let can_stop = match conn.recv {
+                Receive::Buffers => true,
+                Receive::Idle => conn.recv_mode.busy(),
+                _ => false,
+            };
+            if big && can_stop && conn.serve.write_target().is_some() {
+                if conn.recv == Receive::Buffers {
+                    let recv = requests::user_data(Tag::Recv, slot, conn.generation);
+                    let cancel = requests::user_data(Tag::Cancel, slot, conn.generation);
+                    if self.uring.cancel(recv, cancel) {
+                        conn.recv = Receive::StoppingForDirect;
                     }
                 } else {
-                    // Busy receiving, none in flight: the direct receive
-                    // starts where the next one would (`arm_recv`).
-                    conn.direct = Direct::Stopping;
+                    // Started by the next `arm_recv`.
+                    conn.recv = Receive::DirectNext;
                 }
             }
         }
-        if let Some(e) = ours_ep {
-            let endpoint = eps.get_mut(e as usize).and_then(Option::as_mut);
-            // A failed endpoint was listed when it failed.
-            if let Some(endpoint) = endpoint {
-                if progressed
-                    && !endpoint.on_send_list
-                    && !matches!(endpoint.state, EpState::Failed(_))
-                {
-                    endpoint.on_send_list = true;
-                    answered.push(e);
-                }
+        if let Some(e) = our_ep {
+            // A failed endpoint was put on the report list when it failed.
+            let failed = self.eps.get(e).is_none_or(|ep| ep.state.failed().is_some());
+            if progressed && !failed {
+                self.eps.report(e);
             }
         }
-        Self::want_send(to_send, slot, conn);
-        uring.recycle(recycled.drain(..));
+        self.round.want_send(slot, conn);
+        self.uring.recycle_taken();
         if let Some(b) = broken {
             tracing::debug!(?b, "tcp: connection closed: broken stream");
             self.close_conn(slot, Status::Transport);
@@ -469,39 +443,36 @@ impl Tcp {
     }
 
     pub(super) fn arm_recv(&mut self, slot: u32) {
-        let Some(conn) = live(&mut self.conns, slot) else {
+        let Some(conn) = self.conns.live(slot) else {
             return;
         };
-        if conn.recv_armed || conn.closing || matches!(conn.direct, Direct::Receiving { .. }) {
+        if conn.closing() {
             return;
         }
-        if conn.direct == Direct::Stopping {
-            // Asked for while busy receiving, with no receive in flight.
-            self.start_direct(slot);
-            return;
+        match conn.recv {
+            Receive::Buffers | Receive::StoppingForDirect | Receive::Direct { .. } => return,
+            Receive::DirectNext => {
+                // Asked for while busy receiving, with no receive in flight.
+                self.start_direct(slot);
+                return;
+            }
+            Receive::Idle => {}
         }
-        if conn.spinning && conn.spin == 0 {
-            conn.spinning = false;
+        if conn.recv_mode == (RecvMode::Busy { empty_left: 0 }) {
+            conn.recv_mode = RecvMode::Multishot;
         }
-        let user_data = uring::user_data(Tag::Recv, slot, conn.generation);
-        let entry = if conn.spinning {
+        let user_data = requests::user_data(Tag::Recv, slot, conn.generation);
+        let armed = if conn.recv_mode.busy() {
             // Nonblocking: it takes what is there or fails with EAGAIN
             // inside this round's `io_uring_enter`, and arms no poll.
-            on_socket!(conn, |fd| opcode::Recv::new(fd, std::ptr::null_mut(), 0)
-                .buf_group(BUF_GROUP)
-                .flags(libc::MSG_DONTWAIT)
-                .build())
-            .flags(squeue::Flags::BUFFER_SELECT)
-            .user_data(user_data)
+            self.uring.recv_busy(conn.socket(), user_data)
         } else {
-            on_socket!(conn, |fd| opcode::RecvMulti::new(fd, BUF_GROUP).build())
-                .user_data(user_data)
+            self.uring.recv_multi(conn.socket(), user_data)
         };
-        // SAFETY: the receive writes only into provided buffers, which live
-        // as long as the ring; the descriptor stays open while the request
-        // is in flight (`in_flight`).
-        if unsafe { self.uring.push(&entry) }.is_ok() {
-            conn.recv_armed = true;
+        // The descriptor stays open while the request is in flight
+        // (`in_flight`).
+        if armed {
+            conn.recv = Receive::Buffers;
             conn.in_flight += 1;
         }
     }
@@ -511,83 +482,26 @@ impl Tcp {
     /// commit on (see [`SPIN_ROUNDS`]). The multishot receive, if armed, is
     /// canceled; its last completion arms the first busy receive.
     pub(super) fn start_spin(&mut self, slot: u32) {
-        let Some(conn) = live(&mut self.conns, slot) else {
+        let Some(conn) = self.conns.live(slot) else {
             return;
         };
-        conn.spin = SPIN_ROUNDS;
-        if conn.spinning || conn.closing {
+        let busy = RecvMode::Busy {
+            empty_left: SPIN_ROUNDS,
+        };
+        if conn.recv_mode.busy() {
+            // Busy receiving already: the count starts again.
+            conn.recv_mode = busy;
             return;
         }
-        conn.spinning = true;
-        self.spinners.push(slot);
-        if conn.recv_armed && conn.direct == Direct::Off {
-            let recv = uring::user_data(Tag::Recv, slot, conn.generation);
-            let entry = opcode::AsyncCancel::new(recv)
-                .build()
-                .user_data(uring::user_data(Tag::Cancel, slot, conn.generation));
-            // SAFETY: a cancellation names no memory.
-            let _ = unsafe { self.uring.push(&entry) };
+        if conn.closing() {
+            return;
         }
-    }
-
-    /// Reports answered requests, finished flushes and finished connects
-    /// into `out` from index `n`; returns the new `n`.
-    pub(super) fn emit(&mut self, out: &mut [Completion], mut n: usize) -> usize {
-        let mut i = 0;
-        while i < self.answered.len() && n < out.len() {
-            let e = self.answered[i];
-            let Some(ep) = self.eps.get_mut(e as usize).and_then(Option::as_mut) else {
-                self.answered.swap_remove(i);
-                continue;
-            };
-            if let EpState::Connecting(token) = ep.state {
-                if ep.lanes.iter().all(|l| l.up) {
-                    ep.state = EpState::Up;
-                    self.ready.push_back(Completion::new(token, Ok(0)));
-                }
-            }
-            let failed = match ep.state {
-                EpState::Failed(status) => Some(status),
-                _ => None,
-            };
-            let mut done = true;
-            for lane in &mut ep.lanes {
-                n = lane.emit(out, n);
-                while let Some(&(f, seq)) = lane.marks.front() {
-                    if !lane.reported(seq) {
-                        break;
-                    }
-                    lane.marks.pop_front();
-                    let Some(flush) = ep.flushes.get_mut(f as usize).and_then(Option::as_mut)
-                    else {
-                        continue;
-                    };
-                    flush.remaining -= 1;
-                    if flush.remaining == 0 {
-                        self.ready
-                            .push_back(Completion::new(flush.token, failed.map_or(Ok(0), Err)));
-                        ep.flushes[f as usize] = None;
-                    }
-                }
-                done &= lane.answered == 0;
-            }
-            if done {
-                ep.on_send_list = false;
-                self.answered.swap_remove(i);
-                if ep.released && ep.lanes.iter().all(|l| l.pending.is_empty()) {
-                    self.eps[e as usize] = None;
-                }
-            } else {
-                i += 1;
-            }
+        conn.recv_mode = busy;
+        self.round.spinners.push(slot);
+        if conn.recv == Receive::Buffers {
+            let recv = requests::user_data(Tag::Recv, slot, conn.generation);
+            let cancel = requests::user_data(Tag::Cancel, slot, conn.generation);
+            let _ = self.uring.cancel(recv, cancel);
         }
-        while n < out.len() {
-            let Some(c) = self.ready.pop_front() else {
-                break;
-            };
-            out[n] = c;
-            n += 1;
-        }
-        n
     }
 }

@@ -1,7 +1,7 @@
 //! Registered windows and remote keys: what a peer's PUT or GET may
 //! reach, and the keys unpacked for our endpoints.
 
-use crate::target::Window;
+use crate::sys::mem::Window;
 use crate::wire::KeyBlob;
 use ringfence::{
     DriverEp, DriverError, DriverMemKey, DriverRkey, KeyPart, MemDesc, MemKind, Prepared,
@@ -23,11 +23,7 @@ impl Tcp {
         mem.addr
             .checked_add(mem.len)
             .ok_or_else(|| err(Status::InvalidArgument, "range wraps"))?;
-        let reg = Window {
-            base: mem.addr,
-            len: mem.len,
-            secret: mem.secret,
-        };
+        let reg = Window::new(mem.addr, mem.len, mem.secret);
         // An id whose old window a connection may still reach is not
         // reused: its PUTs and GETs must not be taken for the new one's.
         let quiescing = &self.quiescing;
@@ -60,9 +56,9 @@ impl Tcp {
         Ok(KeyBlob {
             instance: self.address.instance,
             key: key.0 as u32,
-            secret: reg.secret,
-            base: reg.base,
-            len: reg.len,
+            secret: reg.secret(),
+            base: reg.base(),
+            len: reg.len(),
         }
         .encode())
     }
@@ -76,7 +72,8 @@ impl Tcp {
         let key = KeyBlob::decode(part.blob)
             .ok_or_else(|| err(Status::InvalidArgument, "malformed tcp key"))?;
         let endpoint = self
-            .ep_mut(ep)
+            .eps
+            .get(ep.0)
             .ok_or_else(|| err(Status::InvalidEndpoint, "not connected"))?;
         if key.instance != endpoint.peer.instance {
             return Err(err(Status::InvalidRkey, "the key belongs to another peer"));

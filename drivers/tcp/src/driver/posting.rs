@@ -3,59 +3,41 @@
 //! submission), and held acknowledgements.
 
 use crate::lane::Awaits;
+use crate::sys::mem::Local;
+use crate::sys::requests::{self, Tag};
 use crate::wire::{HEADER_LEN, Header, Opcode};
-use ringfence::{DriverEp, LaneMask, Op, OpKind, Posted, Token, peer_mem};
+use ringfence::{DriverEp, LaneMask, Op, OpKind, Posted, Token};
 use ringfence_ring::{AtomicOp, Status};
 
 use super::*;
 
 impl Tcp {
-    /// Puts `slot` on the send list (sent at `commit`).
-    pub(super) fn want_send(to_send: &mut Vec<u32>, slot: u32, conn: &mut Conn) {
-        if !conn.on_send_list && conn.send.queued() > 0 {
-            conn.on_send_list = true;
-            to_send.push(slot);
-        }
-    }
-
     /// Starts a send on every listed connection that can take one:
     /// requests first, then answers, so that held ACKs go behind what the
     /// application sent this round.
     pub(super) fn start_sends(&mut self) {
-        let Tcp {
-            uring,
-            conns,
-            to_send,
-            ..
-        } = self;
+        let conns = &mut self.conns;
+        let to_send = &mut self.round.to_send;
         to_send.sort_unstable_by_key(|&slot| {
             conns
-                .get(slot as usize)
-                .and_then(|c| c.as_deref())
-                .is_some_and(|c| c.our_lane.is_none())
+                .get(slot)
+                .is_some_and(|c| c.our_lane.sending().is_none())
         });
         to_send.retain(|&slot| {
-            let Some(conn) = live(conns, slot) else {
+            let Some(conn) = conns.live(slot) else {
                 return false;
             };
-            if conn.closing {
+            if conn.closing() {
                 conn.on_send_list = false;
                 return false;
             }
             // A lane's first bytes (its HELLO) wait for its connect.
-            if !conn.connected || conn.send.is_flying() {
+            if conn.state == ConnState::Connecting || conn.send.is_sending() {
                 return true;
             }
-            if let Some(msg) = conn.send.start() {
-                let entry = Self::send_entry(conn, slot, msg);
-                // SAFETY: the msghdr, its iovecs and the staging they point
-                // into live in the boxed connection's batch, untouched until
-                // this send completes; iovecs over registered memory stay
-                // valid until the operation completes (the `post` contract),
-                // which is after this send completed.
-                if unsafe { uring.push(&entry) }.is_ok() {
-                    conn.in_flight += 1;
-                }
+            let user_data = requests::user_data(Tag::Send, slot, conn.generation);
+            if self.uring.send(conn.socket(), &mut conn.send, user_data) {
+                conn.in_flight += 1;
             }
             conn.on_send_list = false;
             false
@@ -66,25 +48,25 @@ impl Tcp {
     /// at once (a PUT the target executed is then acknowledged, as it would
     /// have been before the hold); nothing here waits for the peer.
     pub(super) fn send_held_acks(&mut self) {
-        for slot in std::mem::take(&mut self.held_acks) {
-            let Some(conn) = live(&mut self.conns, slot) else {
-                continue;
-            };
-            conn.ack = AckHold::None;
-            if !conn.closing && conn.serve.queue_ack(&mut conn.send) {
-                Self::want_send(&mut self.to_send, slot, conn);
-            }
-        }
+        self.round.release_held_acks(&mut self.conns);
         self.start_sends();
         // A small send into a socket with room completes inside the
         // submission; its completion is taken with the others below.
         let _ = self.uring.submit();
         while let Some(cqe) = self.uring.next() {
-            self.handle_teardown(&cqe);
+            self.handle_teardown(cqe);
         }
     }
 
-    pub(super) unsafe fn post_op(&mut self, ep: DriverEp, op: &Op, token: Token) -> Posted {
+    /// `Driver::post`, with the operation's local memory (`None` for an
+    /// atomic that does not fetch).
+    pub(super) fn post_op(
+        &mut self,
+        ep: DriverEp,
+        op: &Op,
+        local: Option<Local>,
+        token: Token,
+    ) -> Posted {
         let rkey = match op.remote {
             Some((rkey, addr)) => match self.rkeys.get(rkey.0 as usize) {
                 Some(k) if k.ep == ep.0 => Some((*k, addr)),
@@ -92,19 +74,14 @@ impl Tcp {
             },
             None => None,
         };
-        let Tcp {
-            eps,
-            conns,
-            to_send,
-            to_spin,
-            ..
-        } = self;
-        let Some(endpoint) = eps.get_mut(ep.0 as usize).and_then(Option::as_mut) else {
+        let Some(endpoint) = self.eps.get_mut(ep.0) else {
             return Posted::Done(Err(Status::InvalidEndpoint));
         };
         match endpoint.state {
             EpState::Up => {}
-            EpState::Failed(status) => return Posted::Done(Err(status)),
+            EpState::Failed(status) | EpState::Released(status) => {
+                return Posted::Done(Err(status));
+            }
             EpState::Connecting(_) => return Posted::Done(Err(Status::EndpointFailed)),
         }
         let Some(lane) = endpoint.lanes.get_mut(usize::from(op.lane)) else {
@@ -118,7 +95,7 @@ impl Tcp {
         if op.kind != OpKind::Get && lane.write_waits() {
             return Posted::NoResource;
         }
-        let Some(conn) = live(conns, lane.conn) else {
+        let Some(conn) = self.conns.live(lane.conn) else {
             return Posted::Done(Err(Status::PeerUnreachable));
         };
         let staged = match op.kind {
@@ -139,37 +116,26 @@ impl Tcp {
             h.secret = k.secret;
             h.addr = addr;
         }
-        let (queued, awaits) = match op.kind {
-            OpKind::Put if op.len <= COPY_MAX => {
-                let src = op.local_addr;
+        let (queued, awaits) = match (op.kind, local) {
+            (OpKind::Put, Some(src)) if op.len <= COPY_MAX => {
                 let len = op.len as usize;
-                let queued = conn.send.push_filled(&h.encode(), len, |dst| {
-                    // SAFETY: the engine vouches for `[src, src + len)` (the
-                    // `post` contract); `dst` is `len` bytes of staging.
-                    unsafe { peer_mem::copy(src, dst as u64, len) }
-                });
+                let queued = conn
+                    .send
+                    .push_filled(&h.encode(), len, |dst| src.copy_to(dst));
                 (queued, Awaits::Ack { len: op.len })
             }
-            OpKind::Put => {
-                // SAFETY: the engine keeps the source registered until this
-                // operation completes, which is after its send completed
-                // (the target answers only what it received).
-                let queued = unsafe {
-                    conn.send
-                        .push_ref(&h.encode(), op.local_addr, op.len as usize)
-                };
+            (OpKind::Put, Some(src)) => {
+                // Sent from where it is (see `push_local` for how long the
+                // kernel reads it).
+                let queued = conn.send.push_local(&h.encode(), &src);
                 (queued, Awaits::Ack { len: op.len })
             }
-            OpKind::Get => {
+            (OpKind::Get, Some(dst)) => {
                 h.opcode = Opcode::Get;
-                let awaits = Awaits::Data {
-                    dst: op.local_addr,
-                    len: op.len,
-                    got: 0,
-                };
+                let awaits = Awaits::Data { dst, got: 0 };
                 (conn.send.push_copy(&[&h.encode()]), awaits)
             }
-            OpKind::Atomic(aop) => {
+            (OpKind::Atomic(aop), dst) => {
                 h.opcode = Opcode::Atomic;
                 h.arg = aop.as_raw();
                 h.len = 8;
@@ -177,23 +143,24 @@ impl Tcp {
                 if aop == AtomicOp::CSWAP {
                     h.operand2 = op.operand2;
                 }
-                let dst = aop.is_fetching().then_some(op.local_addr);
                 (conn.send.push_copy(&[&h.encode()]), Awaits::Fetch { dst })
             }
-            OpKind::Notify => {
+            (OpKind::Notify, Some(src)) => {
                 h = Header {
                     len: op.len,
                     seq: h.seq,
                     operand: op.operand,
                     ..Header::new(Opcode::Notify, op.lane)
                 };
-                let src = op.local_addr;
                 let len = op.len as usize;
-                let queued = conn.send.push_filled(&h.encode(), len, |dst| {
-                    // SAFETY: as for a small PUT.
-                    unsafe { peer_mem::copy(src, dst as u64, len) }
-                });
+                let queued = conn
+                    .send
+                    .push_filled(&h.encode(), len, |dst| src.copy_to(dst));
                 (queued, Awaits::Ack { len: op.len })
+            }
+            // `Local::of` gives every other operation its memory.
+            (OpKind::Put | OpKind::Get | OpKind::Notify, None) => {
+                return Posted::Done(Err(Status::InvalidArgument));
             }
         };
         if !queued {
@@ -201,20 +168,30 @@ impl Tcp {
         }
         lane.push(token, awaits);
         let slot = lane.conn;
-        Self::want_send(to_send, slot, conn);
-        // Once per connection until the commit takes the list.
-        if !conn.spinning && conn.spin != SPIN_ROUNDS {
-            to_spin.push(slot);
+        self.round.want_send(slot, conn);
+        // The answer is awaited: busy receives from the commit on, or on
+        // (the count starts again). Listed once per connection until the
+        // commit takes the list.
+        match conn.recv_mode {
+            RecvMode::Multishot => {
+                self.round.to_spin.push(slot);
+                conn.recv_mode = RecvMode::BusyAtCommit;
+            }
+            RecvMode::BusyAtCommit => {}
+            RecvMode::Busy { .. } => {
+                conn.recv_mode = RecvMode::Busy {
+                    empty_left: SPIN_ROUNDS,
+                };
+            }
         }
-        conn.spin = SPIN_ROUNDS;
         Posted::InFlight
     }
 
     pub(super) fn flush_lanes(&mut self, ep: DriverEp, lanes: LaneMask, token: Token) -> Posted {
-        let Some(endpoint) = self.ep_mut(ep) else {
+        let Some(endpoint) = self.eps.get_mut(ep.0) else {
             return Posted::Done(Err(Status::InvalidEndpoint));
         };
-        if let EpState::Failed(status) = endpoint.state {
+        if let Some(status) = endpoint.state.failed() {
             return Posted::Done(Err(status));
         }
         let Some(f) = endpoint.flushes.iter().position(Option::is_none) else {
@@ -248,58 +225,30 @@ impl Tcp {
         if !self.accept_armed {
             self.arm_accept();
         }
-        let Tcp {
-            conns,
-            to_send,
-            held_acks,
-            ..
-        } = self;
         // ACKs held since the last commit go now; this round's wait one
         // more (AckHold).
-        held_acks.retain(|&slot| {
-            let Some(conn) = live(conns, slot) else {
-                return false;
-            };
-            match conn.ack {
-                AckHold::Fresh if !conn.closing => {
-                    conn.ack = AckHold::Aged;
-                    return true;
-                }
-                AckHold::Aged if !conn.closing => {
-                    // No room: the batch in flight makes room, and the ACK
-                    // goes at a later commit.
-                    if !conn.serve.queue_ack(&mut conn.send) {
-                        return true;
-                    }
-                    Self::want_send(to_send, slot, conn);
-                }
-                _ => {}
-            }
-            conn.ack = AckHold::None;
-            false
-        });
+        self.round.age_held_acks(&mut self.conns);
         // Sends first: the kernel runs the entries in order, and a busy
         // receive ahead of a send would delay it by a receive that cannot
         // find its answer yet (SPIN_ROUNDS).
         self.start_sends();
-        let mut to_spin = std::mem::take(&mut self.to_spin);
+        let mut to_spin = std::mem::take(&mut self.round.to_spin);
         for &slot in &to_spin {
             self.start_spin(slot);
         }
         to_spin.clear();
-        self.to_spin = to_spin;
-        let mut rearm = std::mem::take(&mut self.rearm);
+        self.round.to_spin = to_spin;
+        let mut rearm = std::mem::take(&mut self.round.rearm);
         for &slot in &rearm {
             self.arm_recv(slot);
         }
         rearm.clear();
         // For the next commit: what arming asked for again, and busy
         // receives that found data this round.
-        rearm.append(&mut self.rearm);
-        rearm.append(&mut self.spin_next);
-        self.rearm = rearm;
-        self.spinners
-            .retain(|&slot| live(&mut self.conns, slot).is_some_and(|c| c.spinning && !c.closing));
+        rearm.append(&mut self.round.rearm);
+        rearm.append(&mut self.round.spin_next);
+        self.round.rearm = rearm;
+        self.round.prune_spinners(&self.conns);
         if let Err(e) = self.uring.submit() {
             tracing::warn!(%e, "tcp: io_uring submit failed");
         }

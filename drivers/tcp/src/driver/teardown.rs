@@ -3,12 +3,12 @@
 //! connections that do not let go in time), and the completions of a
 //! teardown in progress.
 
-use crate::uring::{self, Tag};
+use crate::sys::requests::{self, Cqe, Tag};
 use crate::wire::Opcode;
-use io_uring::{cqueue, opcode, types};
+use io_uring::cqueue;
 use ringfence::{Quiesce, Quiesced};
 use ringfence_ring::Status;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::time::Instant;
 
 use super::*;
@@ -22,33 +22,27 @@ impl Tcp {
     /// write into windows: `Leak`.
     pub(super) fn quiesce_all(&mut self) -> Quiesced {
         let now = Instant::now();
-        let first = self.teardown_since.is_none();
-        let since = *self.teardown_since.get_or_insert(now);
-        if !self.tearing_down {
-            self.tearing_down = true;
+        let first = self.teardown.is_none();
+        let since = *self.teardown.get_or_insert(now);
+        if first {
             self.send_held_acks();
         }
         self.quiescing.clear();
         // Every ask: a connection accepted since the last one closes too.
-        for slot in 0..self.conns.len() as u32 {
+        for slot in 0..self.conns.slot_count() {
             self.close_conn(slot, Status::Canceled);
         }
         if self.accept_armed && first {
-            let entry = opcode::AsyncCancel2::new(
-                types::CancelBuilder::fd(types::Fd(self.listener.as_raw_fd())).all(),
-            )
-            .build()
-            .user_data(uring::user_data(Tag::Cancel, 0, 0));
-            // SAFETY: a cancellation names no memory.
-            let _ = unsafe { self.uring.push(&entry) };
+            let user_data = requests::user_data(Tag::Cancel, 0, 0);
+            let _ = self.uring.cancel_fd(self.listener.as_raw_fd(), user_data);
         }
         if let Err(e) = self.uring.submit() {
             tracing::debug!(%e, "tcp: io_uring submit failed at teardown");
         }
         while let Some(cqe) = self.uring.next() {
-            self.handle_teardown(&cqe);
+            self.handle_teardown(cqe);
         }
-        if !self.accept_armed && self.conns.iter().all(Option::is_none) {
+        if !self.accept_armed && self.conns.is_empty() {
             return Quiesced::Done;
         }
         if now.duration_since(since) >= CANCEL_WAIT {
@@ -67,13 +61,13 @@ impl Tcp {
     /// be received straight into it), or a receive straight into it has
     /// not completed (closed or not).
     pub(super) fn holds_key(c: &Conn, key: u32) -> bool {
-        let sending = c.send.holds_window(key) && (c.in_flight > 0 || !c.closing);
-        let writing = !c.closing
+        let sending = c.send.holds_window(key) && (c.in_flight > 0 || !c.closing());
+        let writing = !c.closing()
             && c.serve.write_target().is_some()
             && c.reader
                 .in_payload()
                 .is_some_and(|(h, _)| h.opcode == Opcode::Put && h.key == key);
-        let receiving = c.direct == Direct::Receiving { key } && c.in_flight > 0;
+        let receiving = c.recv == Receive::Direct { key } && c.in_flight > 0;
         sending || writing || receiving
     }
 
@@ -87,9 +81,8 @@ impl Tcp {
     /// polls take; `Leak` if they have not `CANCEL_WAIT` later (the
     /// kernel may still write into the window). Never waits.
     pub(super) fn quiesce_key(&mut self, key: u32) -> Quiesced {
-        let held = |c: &Option<Box<Conn>>| c.as_deref().is_some_and(|c| Self::holds_key(c, key));
         let at = self.quiescing.iter().position(|q| q.key == key);
-        if !self.conns.iter().any(held) {
+        if !self.conns.iter().any(|(_, c)| Self::holds_key(c, key)) {
             if let Some(i) = at {
                 self.quiescing.swap_remove(i);
             }
@@ -107,8 +100,11 @@ impl Tcp {
         let q = self.quiescing[i];
         match q.closed {
             None if now.duration_since(q.since) >= self.config.timeout => {
-                let slots: Vec<u32> = (0..self.conns.len() as u32)
-                    .filter(|&s| held(&self.conns[s as usize]))
+                let slots: Vec<u32> = self
+                    .conns
+                    .iter()
+                    .filter(|&(_, c)| Self::holds_key(c, key))
+                    .map(|(slot, _)| slot)
                     .collect();
                 for slot in slots {
                     tracing::debug!(
@@ -141,24 +137,22 @@ impl Tcp {
 
     /// A completion during teardown: only the bookkeeping of what is in
     /// flight.
-    pub(super) fn handle_teardown(&mut self, cqe: &cqueue::Entry) {
-        let Some((tag, slot, generation)) = uring::parse_user_data(cqe.user_data()) else {
+    pub(super) fn handle_teardown(&mut self, cqe: Cqe) {
+        let Some((tag, slot, generation)) = requests::parse_user_data(cqe.user_data()) else {
             return;
         };
         let flags = cqe.flags();
         match tag {
             Tag::Accept => {
-                if cqe.result() >= 0 {
-                    // SAFETY: a new descriptor we own; closed at once.
-                    drop(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(cqe.result()) });
-                }
+                // A new descriptor, ours: closed at once.
+                drop(cqe.into_accepted());
                 if !cqueue::more(flags) {
                     self.accept_armed = false;
                 }
             }
             Tag::Recv => {
                 self.uring.recycle(cqueue::buffer_select(flags));
-                if let Some(conn) = self.conn_mut(slot, generation) {
+                if let Some(conn) = self.conns.at(slot, generation) {
                     if !cqueue::more(flags) {
                         conn.in_flight -= 1;
                     }
@@ -166,7 +160,7 @@ impl Tcp {
                 self.maybe_free(slot);
             }
             Tag::Send | Tag::Connect | Tag::Direct => {
-                if let Some(conn) = self.conn_mut(slot, generation) {
+                if let Some(conn) = self.conns.at(slot, generation) {
                     conn.in_flight -= 1;
                 }
                 self.maybe_free(slot);

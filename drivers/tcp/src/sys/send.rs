@@ -2,13 +2,22 @@
 //! is in the kernel.
 //!
 //! A batch is a list of iovecs over its own staging buffer (frame headers,
-//! small payloads, GET data) and over registered memory: large PUT
-//! payloads, sent without a copy, which the engine keeps alive until the
-//! operation completes, and GET data a target sends from its window, which
-//! the driver's `quiesce` keeps alive (the batch records the window). At the end of a round the filled batch goes out as one `sendmsg`
-//! with `MSG_WAITALL` (the kernel keeps sending until all of it is gone or
-//! the connection fails); while it is in flight the other batch fills.
+//! small payloads, GET data) and over memory the driver does not own:
+//! large PUT payloads ([`Local`]), sent without a copy, which the engine
+//! keeps alive until the operation completes, and GET data a target sends
+//! from its window ([`Span`]), which the driver's `quiesce` keeps alive
+//! (the batch records the window). At the end of a round the filled batch
+//! goes out as one `sendmsg` with `MSG_WAITALL` (the kernel keeps sending
+//! until all of it is gone or the connection fails); while it is in flight
+//! the other batch fills.
+//!
+//! The msghdr and iovecs never leave `sys`: [`Uring::send`] and
+//! [`Uring::send_rest`] hand them to the kernel.
+//!
+//! [`Uring::send`]: super::uring::Uring::send
+//! [`Uring::send_rest`]: super::uring::Uring::send_rest
 
+use super::mem::{Local, Span};
 use nix::libc;
 
 /// One batch: staging bytes and the iovecs of a `sendmsg`.
@@ -18,7 +27,7 @@ struct Batch {
     iovs: Vec<libc::iovec>,
     /// First iovec not yet sent (partial sends).
     first: usize,
-    /// Bytes in the batch.
+    /// Bytes in the batch still to send.
     total: usize,
     /// The registrations whose windows iovecs of this batch read (GET data
     /// sent by reference), each once.
@@ -102,8 +111,8 @@ pub(crate) struct SendQueue {
     batches: [Box<Batch>; 2],
     /// The batch being filled.
     open: usize,
-    /// The other batch is in the kernel.
-    in_flight: bool,
+    /// The other batch is in the kernel (a send is in flight).
+    sending: bool,
     /// Room of the filling batch that requests may not take: (bytes,
     /// iovecs) kept for answers on a connection that carries requests both
     /// ways.
@@ -119,7 +128,7 @@ impl std::fmt::Debug for SendQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SendQueue")
             .field("queued", &self.queued())
-            .field("in_flight", &self.in_flight)
+            .field("sending", &self.sending)
             .finish()
     }
 }
@@ -129,8 +138,10 @@ impl std::fmt::Debug for SendQueue {
 pub(crate) enum Sent {
     /// The batch is gone; nothing is in flight.
     Done,
-    /// Part of it remains: send this msghdr.
-    More(*const libc::msghdr),
+    /// Part of it remains, to send again ([`Uring::send_rest`]).
+    ///
+    /// [`Uring::send_rest`]: super::uring::Uring::send_rest
+    More,
 }
 
 impl SendQueue {
@@ -139,7 +150,7 @@ impl SendQueue {
         SendQueue {
             batches: [Batch::new(bytes, iovs), Batch::new(bytes, iovs)],
             open: 0,
-            in_flight: false,
+            sending: false,
             reserve: (0, 0),
         }
     }
@@ -169,8 +180,8 @@ impl SendQueue {
     /// Whether a batch queued or in flight sends bytes straight from a
     /// window of registration `key` ([`SendQueue::push_window`]).
     pub(crate) fn holds_window(&self, key: u32) -> bool {
-        let in_flight = self.in_flight && self.batches[self.open ^ 1].windows.contains(&key);
-        in_flight || self.batches[self.open].windows.contains(&key)
+        let sending = self.sending && self.batches[self.open ^ 1].windows.contains(&key);
+        sending || self.batches[self.open].windows.contains(&key)
     }
 
     fn open(&mut self) -> &mut Batch {
@@ -193,8 +204,8 @@ impl SendQueue {
     }
 
     /// Whether a send is in flight.
-    pub(crate) fn is_flying(&self) -> bool {
-        self.in_flight
+    pub(crate) fn is_sending(&self) -> bool {
+        self.sending
     }
 
     /// Copies `parts` into the filling batch; `false` (nothing queued) if
@@ -215,15 +226,14 @@ impl SendQueue {
         true
     }
 
-    /// Queues `header` then `len` bytes that `fill` writes into staging;
-    /// `false` (nothing queued) if they do not fit.
-    ///
-    /// `fill` gets a pointer to `len` writable bytes of staging.
+    /// Queues `header` then `len` bytes that `fill` writes into staging
+    /// (it gets those `len` bytes); `false` (nothing queued) if they do not
+    /// fit.
     pub(crate) fn push_filled(
         &mut self,
         header: &[u8],
         len: usize,
-        fill: impl FnOnce(*mut u8),
+        fill: impl FnOnce(&mut [u8]),
     ) -> bool {
         if header.len() + len > self.room() {
             return false;
@@ -231,8 +241,7 @@ impl SendQueue {
         let b = self.open();
         let start = b.used;
         b.buf[start..start + header.len()].copy_from_slice(header);
-        let data = b.buf[start + header.len()..start + header.len() + len].as_mut_ptr();
-        fill(data);
+        fill(&mut b.buf[start + header.len()..start + header.len() + len]);
         b.used += header.len() + len;
         let base = b.buf[start..].as_mut_ptr();
         b.push_iov(base, header.len() + len);
@@ -240,12 +249,10 @@ impl SendQueue {
     }
 
     /// Queues `header`, then `len` bytes at `addr` sent from where they
-    /// are; `false` (nothing queued) if there is no room.
-    ///
-    /// # Safety
-    /// `[addr, addr + len)` stays readable until this batch's send has
-    /// completed (the operation's completion, which comes after).
-    pub(crate) unsafe fn push_ref(&mut self, header: &[u8], addr: u64, len: usize) -> bool {
+    /// are (for the kernel to read when the batch is sent); `false`
+    /// (nothing queued) if there is no room. The callers below say why the
+    /// range stays readable until this batch's send has completed.
+    fn push_ref(&mut self, header: &[u8], addr: u64, len: usize) -> bool {
         if header.len() > self.room() {
             return false;
         }
@@ -254,23 +261,32 @@ impl SendQueue {
         true
     }
 
-    /// Queues `header`, then `len` bytes of a target's window at `addr`
-    /// sent from where they are (GET data); `false` (nothing queued) if
-    /// there is no room. Recorded: [`SendQueue::holds_window`] says whether
-    /// registration `key`'s window must stay until a send completes.
+    /// Queues `header`, then an operation's local memory sent from where
+    /// it is (a large PUT's payload); `false` (nothing queued) if there is
+    /// no room.
     ///
-    /// # Safety
-    /// `[addr, addr + len)` stays readable until this batch's send has
-    /// completed (deregistering the window waits for it).
-    pub(crate) unsafe fn push_window(
-        &mut self,
-        header: &[u8],
-        addr: u64,
-        len: usize,
-        key: u32,
-    ) -> bool {
-        // SAFETY: the caller's promise.
-        if !unsafe { self.push_ref(header, addr, len) } {
+    /// The kernel reads it when the batch is sent, before the operation
+    /// completes: its ACK answers bytes the target received; and when the
+    /// lane's connection closes, its failed requests are reported (at the
+    /// next `poll`) only after the socket was shut down (`close_conn`),
+    /// from when a send copies nothing more (a send on a socket shut down
+    /// for writing fails before it copies). Not so when a lane lets go of
+    /// a connection that goes on serving the peer (`release_conn`, when
+    /// its endpoint fails or is released): its requests are reported
+    /// failed at the next `poll`, while a batch that still reads their
+    /// memory may be sent after that. That gap is known, and not closed
+    /// here.
+    pub(crate) fn push_local(&mut self, header: &[u8], local: &Local) -> bool {
+        self.push_ref(header, local.addr(), local.len() as usize)
+    }
+
+    /// Queues `header`, then `span` of a target's window sent from where it
+    /// is (GET data); `false` (nothing queued) if there is no room.
+    /// Recorded: [`SendQueue::holds_window`] says that registration `key`'s
+    /// window must stay until the send completes, which deregistering it
+    /// waits for (the driver's `quiesce`).
+    pub(crate) fn push_window(&mut self, header: &[u8], span: Span, key: u32) -> bool {
+        if !self.push_ref(header, span.addr(), span.len() as usize) {
             return false;
         }
         let windows = &mut self.open().windows;
@@ -282,11 +298,11 @@ impl SendQueue {
 
     /// Starts sending the filled batch if nothing is in flight: returns
     /// its msghdr, valid until the send completes.
-    pub(crate) fn start(&mut self) -> Option<*const libc::msghdr> {
-        if self.in_flight || self.batches[self.open].is_empty() {
+    pub(super) fn start(&mut self) -> Option<*const libc::msghdr> {
+        if self.sending || self.batches[self.open].is_empty() {
             return None;
         }
-        self.in_flight = true;
+        self.sending = true;
         let sending = self.open;
         self.open ^= 1;
         Some(self.batches[sending].prepare())
@@ -297,11 +313,17 @@ impl SendQueue {
         let b = &mut self.batches[self.open ^ 1];
         if b.advance(n) {
             b.clear();
-            self.in_flight = false;
+            self.sending = false;
             Sent::Done
         } else {
-            Sent::More(b.prepare())
+            Sent::More
         }
+    }
+
+    /// The msghdr of what is left of the batch in flight (after
+    /// [`Sent::More`]), valid until its send completes.
+    pub(super) fn rest(&mut self) -> *const libc::msghdr {
+        self.batches[self.open ^ 1].prepare()
     }
 
     /// Drops everything queued (the connection is closing).
@@ -310,7 +332,7 @@ impl SendQueue {
     }
 }
 
-/// A null msghdr, for tests.
+/// The bytes a msghdr names, for tests.
 #[cfg(test)]
 fn read_all(msg: *const libc::msghdr) -> Vec<u8> {
     let mut out = Vec::new();
@@ -331,30 +353,25 @@ fn read_all(msg: *const libc::msghdr) -> Vec<u8> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::mem::Window;
     use super::*;
-    use std::ptr;
 
     #[test]
     fn batches_alternate_and_keep_order() {
         let mut q = SendQueue::new(64, 8);
         let payload = *b"0123456789abcdef";
         assert!(q.push_copy(&[b"head", b"er"]));
-        // SAFETY: `payload` outlives the sends below.
-        assert!(unsafe { q.push_ref(b"H2", payload.as_ptr() as u64, payload.len()) });
-        assert!(q.push_filled(b"H3", 3, |p| {
-            // SAFETY: `push_filled` hands out 3 writable bytes.
-            unsafe { ptr::copy_nonoverlapping(b"xyz".as_ptr(), p, 3) }
-        }));
+        // `payload` outlives the sends below.
+        assert!(q.push_ref(b"H2", payload.as_ptr() as u64, payload.len()));
+        assert!(q.push_filled(b"H3", 3, |p| p.copy_from_slice(b"xyz")));
         let msg = q.start().unwrap();
         assert!(q.start().is_none(), "one send at a time");
         assert_eq!(read_all(msg), b"headerH20123456789abcdefH3xyz");
         assert!(q.push_copy(&[b"next"]));
         assert_eq!(q.queued(), 4);
         // A partial send: the rest is offered again.
-        let Sent::More(rest) = q.sent(10) else {
-            panic!("more to send")
-        };
-        assert_eq!(read_all(rest), b"23456789abcdefH3xyz");
+        assert_eq!(q.sent(10), Sent::More);
+        assert_eq!(read_all(q.rest()), b"23456789abcdefH3xyz");
         assert_eq!(q.sent(19), Sent::Done);
         assert_eq!(read_all(q.start().unwrap()), b"next");
     }
@@ -377,8 +394,8 @@ mod tests {
         q.reserve_answers(2, 100);
         let data = [0u8; 4];
         for _ in 0..6 {
-            // SAFETY: `data` outlives `q`'s use here (nothing is sent).
-            assert!(unsafe { q.push_ref(b"h", data.as_ptr() as u64, 4) });
+            // Nothing is sent.
+            assert!(q.push_ref(b"h", data.as_ptr() as u64, 4));
         }
         assert!(!q.request_room(1));
         assert!(q.room() > 0);
@@ -388,9 +405,11 @@ mod tests {
     fn window_references_are_counted_until_their_send_completes() {
         let mut q = SendQueue::new(1024, 8);
         let window = [9u8; 32];
+        let base = window.as_ptr() as u64;
+        // `window` outlives every send below.
+        let span = Window::new(base, 32, 0).span(base, 32).unwrap();
         assert!(!q.holds_window(3));
-        // SAFETY: `window` outlives every send below.
-        assert!(unsafe { q.push_window(b"H", window.as_ptr() as u64, 32, 3) });
+        assert!(q.push_window(b"H", span, 3));
         assert!(q.holds_window(3));
         assert!(!q.holds_window(4), "another registration");
         let msg = q.start().unwrap();
@@ -400,8 +419,7 @@ mod tests {
         assert_eq!(q.sent(33), Sent::Done);
         assert!(!q.holds_window(3));
         // A reference queued but not sent holds the window too.
-        // SAFETY: as above.
-        assert!(unsafe { q.push_window(b"H", window.as_ptr() as u64, 32, 3) });
+        assert!(q.push_window(b"H", span, 3));
         assert!(q.holds_window(3));
     }
 
@@ -416,8 +434,8 @@ mod tests {
         // Few iovecs left: no room either.
         let mut q = SendQueue::new(1024, 3);
         let data = [0u8; 4];
-        // SAFETY: `data` outlives `q`'s use here (nothing is sent).
-        assert!(unsafe { q.push_ref(b"h", data.as_ptr() as u64, 4) });
+        // Nothing is sent.
+        assert!(q.push_ref(b"h", data.as_ptr() as u64, 4));
         assert_eq!(q.room(), 0);
     }
 }

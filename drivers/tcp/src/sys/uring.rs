@@ -1,145 +1,58 @@
-//! The driver's io_uring: submission, completion, the CQ eventfd, and the
-//! provided-buffer ring that multishot receives fill.
-//!
-//! Everything that hands the kernel a pointer is here or in
-//! [`send`](crate::send), and says why the memory outlives the request.
+//! The driver's io_uring: setup, submission, completion, the CQ eventfd,
+//! the fixed-file table, and the provided-buffer ring that buffer
+//! receives fill ([`BufRing`]). The requests themselves are built in
+//! [`requests`](super::requests), each saying why the memory it names
+//! outlives it.
 
-use io_uring::{IoUring, cqueue, squeue, types};
-use memmap2::MmapMut;
+use super::bufring::{BUF_GROUP, BufRing};
+use super::requests::Cqe;
+use io_uring::{IoUring, squeue, types};
+use nix::libc::{EAGAIN, EBUSY, EINTR, ETIME};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use std::io;
+use std::mem::ManuallyDrop;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
-use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::Duration;
-
-/// What a completion belongs to: the top byte of its `user_data`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub(crate) enum Tag {
-    /// The listener's multishot accept.
-    Accept = 1,
-    /// A lane's connect.
-    Connect = 2,
-    /// A connection's send.
-    Send = 3,
-    /// A connection's multishot receive.
-    Recv = 4,
-    /// A cancellation (its result is not needed).
-    Cancel = 5,
-    /// A receive straight into registered memory (a large PUT's payload).
-    Direct = 6,
-}
-
-/// `user_data` for `tag` on connection `slot` of generation `generation`.
-pub(crate) fn user_data(tag: Tag, slot: u32, generation: u32) -> u64 {
-    (tag as u64) << 56 | u64::from(slot & 0x00ff_ffff) << 32 | u64::from(generation)
-}
-
-/// The parts of a `user_data`; `None` for a tag this driver never sets.
-pub(crate) fn parse_user_data(data: u64) -> Option<(Tag, u32, u32)> {
-    let tag = match (data >> 56) as u8 {
-        1 => Tag::Accept,
-        2 => Tag::Connect,
-        3 => Tag::Send,
-        4 => Tag::Recv,
-        5 => Tag::Cancel,
-        6 => Tag::Direct,
-        _ => return None,
-    };
-    Some((tag, (data >> 32) as u32 & 0x00ff_ffff, data as u32))
-}
-
-/// The buffer group of the provided-buffer ring.
-pub(crate) const BUF_GROUP: u16 = 0;
-
-/// Receive buffers the kernel picks from for multishot receives: `count`
-/// buffers of `size` bytes, and the ring that offers them to the kernel.
-struct BufRing {
-    /// `count` entries of 16 bytes; the kernel reads it, we write it.
-    ring: MmapMut,
-    /// The buffers, `count * size` bytes.
-    buffers: MmapMut,
-    count: u16,
-    size: u32,
-    /// Our copy of the ring's tail.
-    tail: u16,
-}
-
-impl BufRing {
-    fn new(count: u16, size: u32) -> io::Result<BufRing> {
-        assert!(
-            count.is_power_of_two(),
-            "buffer count must be a power of two"
-        );
-        let ring = MmapMut::map_anon(usize::from(count) * size_of::<types::BufRingEntry>())?;
-        let buffers = MmapMut::map_anon(usize::from(count) * size as usize)?;
-        let mut r = BufRing {
-            ring,
-            buffers,
-            count,
-            size,
-            tail: 0,
-        };
-        for bid in 0..count {
-            r.offer(bid);
-        }
-        r.publish();
-        Ok(r)
-    }
-
-    fn entries(&mut self) -> *mut types::BufRingEntry {
-        self.ring.as_mut_ptr().cast()
-    }
-
-    /// Puts buffer `bid` at the tail (not yet visible to the kernel).
-    fn offer(&mut self, bid: u16) {
-        let index = usize::from(self.tail & (self.count - 1));
-        let addr = self.buffers.as_ptr() as u64 + u64::from(bid) * u64::from(self.size);
-        // SAFETY: `index < count`: the entry lies inside the ring mapping,
-        // which is 16-byte aligned (page aligned). The kernel reads entries
-        // only between its head and the published tail, and this one is past
-        // the published tail until `publish`.
-        let entry = unsafe { &mut *self.entries().add(index) };
-        entry.set_addr(addr);
-        entry.set_len(self.size);
-        entry.set_bid(bid);
-        self.tail = self.tail.wrapping_add(1);
-    }
-
-    /// Makes every offered buffer visible to the kernel.
-    fn publish(&mut self) {
-        // SAFETY: the tail field overlays the reserved field of entry 0,
-        // inside the mapping, 2-byte aligned; the kernel reads it
-        // concurrently, so it is written atomically (Release: the entries
-        // written before are visible first).
-        let tail = unsafe { &*types::BufRingEntry::tail(self.entries()).cast::<AtomicU16>() };
-        tail.store(self.tail, Ordering::Release);
-    }
-
-    /// Buffer `bid`'s first `len` bytes.
-    fn get(&self, bid: u16, len: usize) -> Option<&[u8]> {
-        if bid >= self.count || len > self.size as usize {
-            return None;
-        }
-        let start = usize::from(bid) * self.size as usize;
-        self.buffers.get(start..start + len)
-    }
-}
 
 /// Entries of the fixed-file table: connection slots below this get one.
 const FIXED_FILES: u32 = 1024;
 
 /// The ring, its eventfd and its receive buffers.
+///
+/// Dropped only once the kernel holds no request (the driver's `Drop`
+/// waits for a teardown that ends), or never ([`Uring::leak`]): a
+/// request in flight may still write into the receive buffers or a
+/// window, or read a send batch.
 pub(crate) struct Uring {
-    // Dropped first: the kernel lets go of the buffers before they are
-    // unmapped (and the driver's `Drop` waits for requests in flight).
-    ring: IoUring,
-    bufs: BufRing,
+    /// Dropped first (by hand, in `Drop`): the kernel lets go of the
+    /// buffers before they are unmapped.
+    ring: ManuallyDrop<IoUring>,
+    bufs: ManuallyDrop<BufRing>,
     /// Written by the kernel for every completion it posts; read only by
     /// [`prepare_sleep`](Uring::prepare_sleep).
     eventfd: EventFd,
     /// Entries of the ring's fixed-file table (0: the kernel refused it).
     fixed_files: u32,
+    /// Receive buffers taken while their bytes were borrowed, to give
+    /// back at once ([`Uring::recycle_taken`]).
+    taken: Vec<u16>,
+    /// Never drop the ring or the buffers ([`Uring::leak`]).
+    leaked: bool,
+}
+
+impl Drop for Uring {
+    fn drop(&mut self) {
+        if self.leaked {
+            return;
+        }
+        // SAFETY: each is dropped once, here, and not used after; the ring
+        // first, so that the kernel lets go of the buffers before they are
+        // unmapped.
+        unsafe {
+            ManuallyDrop::drop(&mut self.ring);
+            ManuallyDrop::drop(&mut self.bufs);
+        }
+    }
 }
 
 impl std::fmt::Debug for Uring {
@@ -182,11 +95,11 @@ impl Uring {
             })?;
         let bufs = BufRing::new(buffers, buffer_size)?;
         // SAFETY: the ring memory is `count` entries, page aligned, and
-        // lives as long as `bufs`, which outlives `ring` (field order, and
-        // the driver waits for every request before dropping either).
+        // lives as long as `bufs`, which outlives `ring` (`Drop`, and the
+        // driver waits for every request before dropping either).
         unsafe {
             ring.submitter().register_buf_ring_with_flags(
-                bufs.ring.as_ptr() as u64,
+                bufs.ring_addr(),
                 bufs.count,
                 BUF_GROUP,
                 0,
@@ -206,10 +119,12 @@ impl Uring {
             Err(_) => 0,
         };
         Ok(Uring {
-            ring,
-            bufs,
+            ring: ManuallyDrop::new(ring),
+            bufs: ManuallyDrop::new(bufs),
             eventfd,
             fixed_files,
+            taken: Vec::with_capacity(usize::from(buffers)),
+            leaked: false,
         })
     }
 
@@ -241,12 +156,13 @@ impl Uring {
         self.eventfd.as_fd()
     }
 
-    /// Queues `entry`; submits first if the SQ is full.
+    /// Queues `entry`; submits first if the SQ is full. Only for the
+    /// request builders of `sys` ([`requests`](super::requests)).
     ///
     /// # Safety
     /// Every buffer, address and iovec the entry names stays valid until
     /// its completion (its last one, for multishot requests) is taken.
-    pub(crate) unsafe fn push(&mut self, entry: &squeue::Entry) -> io::Result<()> {
+    pub(super) unsafe fn push(&mut self, entry: &squeue::Entry) -> io::Result<()> {
         loop {
             // SAFETY: the caller's contract.
             if unsafe { self.ring.submission().push(entry) }.is_ok() {
@@ -265,14 +181,7 @@ impl Uring {
             Ok(_) => Ok(()),
             // The kernel is short of memory for completions or is busy:
             // what was not taken stays queued for the next round.
-            Err(e)
-                if matches!(
-                    e.raw_os_error(),
-                    Some(libc_errno::EAGAIN | libc_errno::EBUSY)
-                ) =>
-            {
-                Ok(())
-            }
+            Err(e) if matches!(e.raw_os_error(), Some(EAGAIN | EBUSY)) => Ok(()),
             Err(e) => Err(e),
         }
     }
@@ -284,14 +193,7 @@ impl Uring {
         let args = types::SubmitArgs::new().timespec(&ts);
         match self.ring.submitter().submit_with_args(1, &args) {
             Ok(_) => Ok(()),
-            Err(e)
-                if matches!(
-                    e.raw_os_error(),
-                    Some(libc_errno::ETIME | libc_errno::EINTR)
-                ) =>
-            {
-                Ok(())
-            }
+            Err(e) if matches!(e.raw_os_error(), Some(ETIME | EINTR)) => Ok(()),
             Err(e) => Err(e),
         }
     }
@@ -301,15 +203,15 @@ impl Uring {
     /// some (see `new`). Never touches the eventfd: while the core thread
     /// polls, the kernel's writes just accumulate, and no `read(2)` comes
     /// between an answer and the application.
-    pub(crate) fn next(&mut self) -> Option<cqueue::Entry> {
+    pub(crate) fn next(&mut self) -> Option<Cqe> {
         let cqe = self.ring.completion().next();
         if cqe.is_some() || !self.ring.submission().taskrun() {
-            return cqe;
+            return cqe.map(Cqe::new);
         }
         // Task work is waiting: any `io_uring_enter` runs it and posts its
         // completions. An error leaves it for the next round.
         let _ = self.ring.submit();
-        self.ring.completion().next()
+        self.ring.completion().next().map(Cqe::new)
     }
 
     /// Arms the eventfd for a sleeper ([`Driver::prepare_sleep`](ringfence::Driver::prepare_sleep)):
@@ -346,39 +248,37 @@ impl Uring {
         }
     }
 
+    /// Buffer `bid` was read to the end: given back to the kernel at the
+    /// next [`recycle_taken`](Uring::recycle_taken), with the others taken
+    /// since (one publication for all).
+    pub(crate) fn recycle_later(&mut self, bid: u16) {
+        self.taken.push(bid);
+    }
+
+    /// Gives back the buffers [`recycle_later`](Uring::recycle_later) set
+    /// aside.
+    pub(crate) fn recycle_taken(&mut self) {
+        let mut taken = std::mem::take(&mut self.taken);
+        self.recycle(taken.drain(..));
+        self.taken = taken;
+    }
+
     /// Receive buffers.
     pub(crate) fn buffer_count(&self) -> u16 {
         self.bufs.count
     }
-}
 
-/// The errno values the driver tells apart.
-pub(crate) mod libc_errno {
-    pub(crate) use nix::libc::{EAGAIN, EBUSY, ECANCELED, EINTR, ENOBUFS, ETIME};
+    /// Never unmaps the receive buffers or closes the ring, not even when
+    /// dropped: requests still in flight may write into them (a teardown
+    /// that leaks).
+    pub(crate) fn leak(&mut self) {
+        self.leaked = true;
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn user_data_round_trips() {
-        for (tag, slot, generation) in [
-            (Tag::Accept, 0, 0),
-            (Tag::Send, 0x00ff_ffff, u32::MAX),
-            (Tag::Recv, 12, 7),
-            (Tag::Cancel, 1, 1),
-            (Tag::Connect, 99, 3),
-            (Tag::Direct, 5, 9),
-        ] {
-            assert_eq!(
-                parse_user_data(user_data(tag, slot, generation)),
-                Some((tag, slot, generation))
-            );
-        }
-        assert_eq!(parse_user_data(0), None);
-        assert_eq!(parse_user_data(u64::MAX), None);
-    }
 
     /// The eventfd's count, and the eventfd read to zero.
     fn drain(u: &Uring) -> u64 {
