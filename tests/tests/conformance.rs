@@ -26,31 +26,12 @@ mod shm {
 }
 
 mod tcp {
-    use ringfence_testkit::conformance::{Deviating, Drivers};
-
-    /// KNOWN DEVIATION, a tcp driver bug this suite found (left failing,
-    /// listed here, not papered over): an access to a registration the
-    /// target has withdrawn is answered `InvalidRkey` (the target's check,
-    /// `drivers/tcp/src/target.rs`, `check`: an empty registration slot
-    /// gives `InvalidRkey`), a status documented as "the SQE names a
-    /// remote key id that was never unpacked", which the engine reports
-    /// for the application's own bad key ids. Loopback, shm and the test
-    /// kit's wrappers answer `AccessDenied` ("the target refused the
-    /// access"), as tcp itself does once the slot is reused by another
-    /// registration (the secret no longer matches). The endpoint stays up
-    /// and nothing is written, as it should.
-    const DEVIATIONS: &[(&str, &str)] = &[(
-        "a_deregistered_window_refuses_access",
-        "tcp answers InvalidRkey, not AccessDenied, for a withdrawn registration",
-    )];
-
-    ringfence_testkit::conformance_suite!(Deviating(
-        Drivers(|| ringfence_tcp::Tcp::builder()
+    ringfence_testkit::conformance_suite!(ringfence_testkit::conformance::Drivers(|| {
+        ringfence_tcp::Tcp::builder()
             .ignore_env()
             .build()
-            .expect("the tcp driver")),
-        DEVIATIONS
-    ));
+            .expect("the tcp driver")
+    }));
 }
 
 /// `SimDriver` over an immediate loopback on both workers, operations

@@ -19,12 +19,16 @@ use ringfence_ring::{AtomicOp, Status};
 pub(crate) type Windows = [Option<Window>];
 
 /// Checks `[addr, addr + len)` of registration `key` with `secret`: the
-/// span of its window the request may reach.
+/// span of its window the request may reach. A registration that is not
+/// there (withdrawn, or never made) is refused as a wrong secret is, with
+/// [`Status::AccessDenied`]: the initiator's key was valid when unpacked,
+/// the target no longer grants it (`InvalidRkey` is the engine's answer to
+/// a key id the application never unpacked).
 fn check(regs: &Windows, h: &Header) -> Result<Span, Status> {
     let reg = regs
         .get(h.key as usize)
         .and_then(Option::as_ref)
-        .ok_or(Status::InvalidRkey)?;
+        .ok_or(Status::AccessDenied)?;
     if reg.secret() != h.secret {
         return Err(Status::AccessDenied);
     }

@@ -157,7 +157,7 @@ fn requests_a_peer_gets_wrong_fail_alone_and_malformed_frames_close_only_their_c
         ),
         (
             put(base, 8, key.key + 100, key.secret, 2),
-            Status::InvalidRkey,
+            Status::AccessDenied,
         ),
         (
             put(base + WINDOW as u64 - 4, 8, key.key, key.secret, 3),

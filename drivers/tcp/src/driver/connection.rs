@@ -214,7 +214,12 @@ impl Tcp {
 
     /// Lets go of `slot` as a lane of ours (its endpoint failed or was
     /// released): if the peer still sends requests on it, we say BYE and
-    /// go on serving; else it closes.
+    /// go on serving; else it closes. It closes too while a batch still
+    /// reads our requests' local memory: they are reported failed at the
+    /// next `poll`, after which the application may reuse that memory, and
+    /// only a socket shut down for writing stops the kernel from reading
+    /// it (a released endpoint has nothing in flight: only a failed one
+    /// can).
     pub(super) fn release_conn(&mut self, slot: u32, status: Status) {
         let Some(conn) = self.conns.live(slot) else {
             return;
@@ -226,7 +231,7 @@ impl Tcp {
             return;
         }
         let bye = Header::new(Opcode::Bye, 0).encode();
-        if conn.serve.serving() && conn.send.push_copy(&[&bye]) {
+        if conn.serve.serving() && !conn.send.holds_local() && conn.send.push_copy(&[&bye]) {
             self.round.want_send(slot, conn);
         } else {
             self.close_conn(slot, status);

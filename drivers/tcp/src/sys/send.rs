@@ -32,6 +32,9 @@ struct Batch {
     /// The registrations whose windows iovecs of this batch read (GET data
     /// sent by reference), each once.
     windows: Vec<u32>,
+    /// An iovec of this batch reads an operation's local memory (a large
+    /// PUT's payload).
+    locals: bool,
     msg: libc::msghdr,
 }
 
@@ -44,6 +47,7 @@ impl Batch {
             first: 0,
             total: 0,
             windows: Vec::with_capacity(8),
+            locals: false,
             // SAFETY: an all-zero msghdr is a valid empty one.
             msg: unsafe { std::mem::zeroed() },
         })
@@ -59,6 +63,7 @@ impl Batch {
         self.first = 0;
         self.total = 0;
         self.windows.clear();
+        self.locals = false;
     }
 
     /// Appends an iovec over `[base, base + len)`, merged with the last one
@@ -184,6 +189,12 @@ impl SendQueue {
         sending || self.batches[self.open].windows.contains(&key)
     }
 
+    /// Whether a batch queued or in flight sends bytes straight from an
+    /// operation's local memory ([`SendQueue::push_local`]).
+    pub(crate) fn holds_local(&self) -> bool {
+        (self.sending && self.batches[self.open ^ 1].locals) || self.batches[self.open].locals
+    }
+
     fn open(&mut self) -> &mut Batch {
         &mut self.batches[self.open]
     }
@@ -270,14 +281,17 @@ impl SendQueue {
     /// lane's connection closes, its failed requests are reported (at the
     /// next `poll`) only after the socket was shut down (`close_conn`),
     /// from when a send copies nothing more (a send on a socket shut down
-    /// for writing fails before it copies). Not so when a lane lets go of
-    /// a connection that goes on serving the peer (`release_conn`, when
-    /// its endpoint fails or is released): its requests are reported
-    /// failed at the next `poll`, while a batch that still reads their
-    /// memory may be sent after that. That gap is known, and not closed
-    /// here.
+    /// for writing fails before it copies). A lane that lets go of a
+    /// connection that goes on serving the peer (`release_conn`) reports
+    /// its requests failed at the next `poll` too, so it does so only
+    /// while no batch reads local memory ([`SendQueue::holds_local`]);
+    /// otherwise the connection closes.
     pub(crate) fn push_local(&mut self, header: &[u8], local: &Local) -> bool {
-        self.push_ref(header, local.addr(), local.len() as usize)
+        if !self.push_ref(header, local.addr(), local.len() as usize) {
+            return false;
+        }
+        self.open().locals = true;
+        true
     }
 
     /// Queues `header`, then `span` of a target's window sent from where it
@@ -421,6 +435,29 @@ mod tests {
         // A reference queued but not sent holds the window too.
         assert!(q.push_window(b"H", span, 3));
         assert!(q.holds_window(3));
+    }
+
+    #[test]
+    fn local_references_are_seen_until_their_send_completes() {
+        let mut q = SendQueue::new(1024, 8);
+        let payload = [7u8; 32];
+        // SAFETY: `payload` outlives every send below.
+        let local = unsafe { Local::vouched(payload.as_ptr() as u64, 32) };
+        assert!(q.push_copy(&[b"copied"]));
+        assert!(!q.holds_local(), "copies read no local memory");
+        assert!(q.push_local(b"H", &local));
+        assert!(q.holds_local());
+        let msg = q.start().unwrap();
+        assert_eq!(read_all(msg).len(), 39);
+        assert!(q.holds_local(), "in flight");
+        assert!(q.push_copy(&[b"x"]));
+        assert_eq!(q.sent(20), Sent::More);
+        assert!(q.holds_local(), "partly sent");
+        assert_eq!(q.sent(19), Sent::Done);
+        assert!(!q.holds_local(), "the queued batch only copies");
+        assert!(q.push_local(b"H", &local));
+        q.discard();
+        assert!(!q.holds_local(), "discarded");
     }
 
     #[test]
