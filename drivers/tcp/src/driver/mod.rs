@@ -87,7 +87,7 @@ struct Rkey {
 const RELEASED: u32 = u32::MAX;
 
 /// The tcp driver: one-sided RMA between workers over TCP, every socket
-/// operation through one io_uring. See the [crate](crate) documentation.
+/// operation through one io_uring. See the [crate] documentation.
 pub struct Tcp {
     /// The io_uring and its receive buffers: dropped with the driver once
     /// the kernel holds no request, else leaked (see `Drop`).
