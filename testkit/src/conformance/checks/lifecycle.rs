@@ -173,12 +173,7 @@ pub fn graceful_close_comes_last<S: Subject>(s: &mut S) {
             "PUT {i}"
         );
     }
-    assert_eq!(
-        p.initiator.endpoint_state(p.ep).expect("the endpoint"),
-        EndpointState::Closed
-    );
-    let sqe = Sqe::put(e, p.local.local(0), p.remote(0), 8).with_user_data(1000);
-    assert_eq!(p.results(&[sqe]), [status(Status::EndpointClosed)]);
+    assert_closed(&mut p);
 }
 
 /// A forced CLOSE with operations in flight: PUTs, a GET and a FLUSH
@@ -221,12 +216,7 @@ pub fn forced_close_completes_everything_in_flight<S: Subject>(s: &mut S) {
     }
     let close = cqes.iter().find(|c| c.user_data == 999).expect("the CLOSE");
     assert_eq!(close.res, 0, "the forced CLOSE");
-    assert_eq!(
-        p.initiator.endpoint_state(p.ep).expect("the endpoint"),
-        EndpointState::Closed
-    );
-    let sqe = Sqe::put(e, p.local.local(0), p.remote(0), 8).with_user_data(1000);
-    assert_eq!(p.results(&[sqe]), [status(Status::EndpointClosed)]);
+    assert_closed(&mut p);
 }
 
 /// The target dies with PUTs and a FLUSH submitted: each completes
@@ -263,4 +253,15 @@ pub fn peer_death_completes_everything<S: Subject>(s: &mut S) {
         res.iter().all(|&r| r < 0),
         "success reported after the peer's death: {res:?}"
     );
+}
+
+/// The endpoint is closed: its state says so, and a PUT on it fails with
+/// `EndpointClosed`.
+fn assert_closed(p: &mut Pair) {
+    assert_eq!(
+        p.initiator.endpoint_state(p.ep).expect("the endpoint"),
+        EndpointState::Closed
+    );
+    let sqe = Sqe::put(p.e(), p.local.local(0), p.remote(0), 8).with_user_data(1000);
+    assert_eq!(p.results(&[sqe]), [status(Status::EndpointClosed)]);
 }
