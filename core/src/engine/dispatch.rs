@@ -93,11 +93,17 @@ impl Engine {
         self.dispatch_list.add(e, &mut self.endpoints[e]);
     }
 
-    /// One dispatch pass over the endpoints scheduled before it.
+    /// One dispatch pass over the endpoints scheduled before it (twice a
+    /// round, nothing scheduled the common case: the check is inlined).
+    #[inline]
     pub(super) fn dispatch_scheduled(&mut self) -> usize {
         if self.dispatch_list.is_empty() {
             return 0;
         }
+        self.dispatch_pass()
+    }
+
+    fn dispatch_pass(&mut self) -> usize {
         let mut work = 0;
         for i in 0..self.dispatch_list.begin() {
             let e = self.dispatch_list.current(i);

@@ -287,6 +287,15 @@ impl Inbound {
         if self.broken.load(Ordering::Relaxed) || self.done.load(Ordering::Relaxed) {
             return Ok(out);
         }
+        // Nothing published since the last drain, the common case of a
+        // poll: no claim of the channel (a locked instruction on a line the
+        // control thread shares). A record published after this look is
+        // drained by the next poll, as one published after a drain is. A
+        // channel whose peer hung up takes the claim, so that draining it
+        // empty finishes it.
+        if !self.closing.load(Ordering::Relaxed) && self.looks_empty() {
+            return Ok(out);
+        }
         // Acquire: the previous drainer's updates of `head` are visible;
         // pairs with the Release below.
         if self
@@ -299,6 +308,15 @@ impl Inbound {
         let result = self.drain_locked(pool, budget, &mut out);
         self.draining.store(false, Ordering::Release);
         result.map(|()| out)
+    }
+
+    /// Whether the peer has published nothing beyond what was consumed
+    /// (Acquire on the tail, as a drain reads it). A tail that cannot be
+    /// read is not empty: the drain finds it corrupt.
+    fn looks_empty(&self) -> bool {
+        self.page
+            .word(TAIL_AT)
+            .is_some_and(|tail| tail.load(Ordering::Acquire) == self.head.load(Ordering::Relaxed))
     }
 
     fn drain_locked(
