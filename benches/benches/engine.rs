@@ -21,7 +21,9 @@
 //!   by the worker's core thread (`core_thread`) or by the bench thread
 //!   itself after each submit and before each reap (`inline`); beside
 //!   io_uring's `IORING_OP_NOP` on a 256-entry ring, one `io_uring_enter`
-//!   (`submit`) per batch, where the kernel completes NOPs inside the call.
+//!   (`submit`) per batch, where the kernel completes NOPs inside the call
+//!   (`io_uring/nop`), and with an SQPOLL thread on the CPU the core thread
+//!   would take, the peer of `core_thread` (`io_uring/sqpoll`).
 //! - `loopback_put_8B`: 8-byte PUTs from a registered source buffer into a
 //!   target worker's registered window, through an endpoint of the loopback
 //!   driver (which copies inside `post`), inline or with a core thread.
@@ -257,8 +259,11 @@ impl Rig for PutRig {
 
 // ------------------------------------------------------------ io_uring
 
-/// The kernel's io_uring with NOPs; the kernel completes each NOP inside
-/// the `io_uring_enter` that submits it.
+/// The kernel's io_uring with NOPs. Plain: the kernel completes each NOP
+/// inside the `io_uring_enter` that submits it. SQPOLL: a kernel thread
+/// polls the SQ (pinned to the CPU the core thread would take, as the core
+/// thread is, so that it and the bench thread run apart); `submit` enters
+/// the kernel only to wake it, and the bench thread spins on the CQ.
 struct UringRig {
     ring: IoUring,
     batch: Vec<squeue::Entry>,
@@ -271,6 +276,32 @@ impl UringRig {
             batch: Vec::with_capacity(BATCH),
         })
     }
+
+    /// With an SQPOLL thread on `cpu` (unpinned if `None`) that sleeps
+    /// after 1 s idle (never while the bench runs).
+    fn sqpoll(cpu: Option<usize>) -> std::io::Result<UringRig> {
+        let mut builder = IoUring::builder();
+        builder.setup_sqpoll(1000);
+        if let Some(cpu) = cpu {
+            builder.setup_sqpoll_cpu(cpu as u32);
+        }
+        Ok(UringRig {
+            ring: builder.build(256)?,
+            batch: Vec::with_capacity(BATCH),
+        })
+    }
+}
+
+/// The CPU a core thread takes when none is chosen: the highest-numbered
+/// one this thread may use other than the one it runs on now (as
+/// `Worker::start_core_thread` picks it); `None` on a single CPU.
+fn core_thread_cpu() -> Option<usize> {
+    use nix::sched::{CpuSet, sched_getaffinity, sched_getcpu};
+    let allowed = sched_getaffinity(nix::unistd::Pid::from_raw(0)).ok()?;
+    let here = sched_getcpu().ok();
+    (0..CpuSet::count())
+        .rev()
+        .find(|&cpu| Some(cpu) != here && allowed.is_set(cpu).unwrap_or(false))
 }
 
 impl Rig for UringRig {
@@ -315,6 +346,16 @@ fn nop_roundtrip(c: &mut Criterion) {
             None
         }
     };
+    let sqpoll = match UringRig::sqpoll(core_thread_cpu()) {
+        Ok(mut rig) => {
+            check("io_uring/sqpoll/batch32", &mut rig, 0);
+            Some(rig)
+        }
+        Err(e) => {
+            println!("nop_roundtrip: io_uring/sqpoll/batch32 skipped: io_uring_setup failed: {e}");
+            None
+        }
+    };
 
     let mut group = c.benchmark_group("nop_roundtrip");
     group.throughput(Throughput::Elements(1));
@@ -322,6 +363,9 @@ fn nop_roundtrip(c: &mut Criterion) {
     bench(&mut group, "ringfence/inline/batch32", inline);
     if let Some(rig) = uring {
         bench(&mut group, "io_uring/nop/batch32", rig);
+    }
+    if let Some(rig) = sqpoll {
+        bench(&mut group, "io_uring/sqpoll/batch32", rig);
     }
     group.finish();
 }
