@@ -4,6 +4,7 @@
 # move with this machine's noise): the example `op_cost` runs N PUTs of a
 # shm worker connected to itself each way, callgrind counts the loop, and
 # the table gives each stage's inclusive instructions per PUT.
+# (`op_cost nop N` runs NOPs in batches of 32 instead, for callgrind by hand.)
 #
 #   benches/compare/op_cost.sh [N]        (N default 100000)
 #
