@@ -11,9 +11,21 @@
 //! generation changes nothing.
 
 use crate::errors::{Fail, Res};
+use crate::memory::{MemInner, RemoteInner};
 use ringfence::{Cqe, RegisteredBuf, Worker};
 use ringfence_ring::LocalBuf;
 use std::collections::VecDeque;
+use std::sync::Arc;
+
+/// What a posted batch uses, kept registered (and its keys unpacked) until
+/// each of its operations completed, whatever happens to the Python
+/// objects meanwhile.
+#[derive(Debug, Default)]
+#[allow(dead_code)] // held, never read: dropping the last one lets them go
+pub(crate) struct Keep {
+    pub(crate) mems: Vec<Arc<MemInner>>,
+    pub(crate) remotes: Vec<Arc<RemoteInner>>,
+}
 
 /// A result not in yet (no status is this value).
 pub(crate) const PENDING: i32 = i32::MIN;
@@ -48,6 +60,7 @@ struct Record {
     orphan: bool,
     remaining: u32,
     results: Vec<i32>,
+    keep: Option<Keep>,
 }
 
 /// Names one transfer record: index and generation.
@@ -110,6 +123,10 @@ pub(crate) struct Book {
     staging: Staging,
     /// SQEs pushed whose CQE has not come yet.
     outstanding: usize,
+    /// What finished transfers kept: to drop once the queue is unlocked
+    /// (dropping the last reference deregisters, which must not happen
+    /// under the queue lock).
+    pub(crate) released: Vec<Keep>,
 }
 
 impl Book {
@@ -126,6 +143,7 @@ impl Book {
                 slot_size: notify_size.max(64),
             },
             outstanding: 0,
+            released: Vec::new(),
         }
     }
 
@@ -134,8 +152,9 @@ impl Book {
         self.outstanding
     }
 
-    /// A record for a transfer of `ops` operations, all pending.
-    pub(crate) fn new_transfer(&mut self, ops: u32) -> TransferId {
+    /// A record for a transfer of `ops` operations, all pending, keeping
+    /// `keep` until they completed.
+    pub(crate) fn new_transfer(&mut self, ops: u32, keep: Option<Keep>) -> TransferId {
         let index = match self.free_records.pop() {
             Some(i) => i,
             None => {
@@ -145,6 +164,7 @@ impl Book {
                     orphan: false,
                     remaining: 0,
                     results: Vec::new(),
+                    keep: None,
                 });
                 (self.records.len() - 1) as u32
             }
@@ -155,6 +175,7 @@ impl Book {
         r.remaining = ops;
         r.results.clear();
         r.results.resize(ops as usize, PENDING);
+        r.keep = keep;
         TransferId {
             index,
             generation: r.generation,
@@ -167,8 +188,26 @@ impl Book {
             .filter(|r| r.live && r.generation == id.generation)
     }
 
+    /// Operation `index` of transfer `t` completed with `res`.
+    fn complete(&mut self, t: u32, index: u32, res: i32) {
+        let r = &mut self.records[t as usize];
+        r.results[index as usize] = res;
+        r.remaining -= 1;
+        if r.remaining == 0 {
+            if let Some(keep) = r.keep.take() {
+                self.released.push(keep);
+            }
+            if r.orphan {
+                self.free_record(t);
+            }
+        }
+    }
+
     fn free_record(&mut self, index: u32) {
         let r = &mut self.records[index as usize];
+        if let Some(keep) = r.keep.take() {
+            self.released.push(keep);
+        }
         r.live = false;
         r.generation = r.generation.wrapping_add(1);
         self.free_records.push(index);
@@ -256,12 +295,7 @@ impl Book {
         if r.results[index as usize] != PENDING {
             return;
         }
-        let r = &mut self.records[id.index as usize];
-        r.results[index as usize] = res;
-        r.remaining -= 1;
-        if r.remaining == 0 && r.orphan {
-            self.free_record(id.index);
-        }
+        self.complete(id.index, index, res);
     }
 
     /// Takes one CQE: a notification joins the queue; an operation's fills
@@ -288,12 +322,7 @@ impl Book {
         self.free_slots.push(i);
         self.outstanding -= 1;
         if transfer != INTERNAL {
-            let r = &mut self.records[transfer as usize];
-            r.results[index as usize] = cqe.res;
-            r.remaining -= 1;
-            if r.remaining == 0 && r.orphan {
-                self.free_record(transfer);
-            }
+            self.complete(transfer, index, cqe.res);
         }
         true
     }

@@ -20,7 +20,7 @@
 //! the loop, or follows by watching `relay`, a second eventfd rung for it
 //! where the condition variable is signalled.
 
-use crate::book::{Book, INTERNAL, TransferId};
+use crate::book::{Book, INTERNAL, Keep, TransferId};
 use crate::errors::{Fail, Res};
 use pyo3::buffer::PyUntypedBuffer;
 use ringfence::{Cqe, EndpointId, MemHandle, QueuePair, RegisteredBuf, RkeyId, Worker};
@@ -385,15 +385,46 @@ impl Core {
     /// Pushes `sqes` (their `user_data` are set here) as one transfer, with
     /// staged payloads where `payloads` has one (by index); submits them.
     /// Waits for room while the SQ is full. Returns the transfer.
-    pub(crate) fn post(&self, sqes: &[Sqe], payloads: &[(usize, &[u8])]) -> Res<TransferId> {
-        let w = self.worker()?;
-        let w = w.as_ref().expect("checked by worker()");
-        let mut guard = self.queue();
-        let q = &mut *guard;
+    pub(crate) fn post(
+        &self,
+        sqes: &[Sqe],
+        payloads: &[(usize, &[u8])],
+        keep: Option<Keep>,
+    ) -> Res<TransferId> {
+        let (result, released) = {
+            let w = self.worker()?;
+            let w = w.as_ref().expect("checked by worker()");
+            let mut guard = self.queue();
+            let result = self.post_locked(w, &mut guard, sqes, payloads, keep);
+            (result, std::mem::take(&mut guard.book.released))
+        };
+        // With no lock held: see `Book::released`.
+        drop(released);
+        result
+    }
+
+    /// Unlocks the queue, then drops what finished transfers kept: for
+    /// `close`, whose worker lock is no obstacle (a closed worker's
+    /// memory does not take it again).
+    fn unlock(&self, mut guard: MutexGuard<'_, Queue>) {
+        let released = std::mem::take(&mut guard.book.released);
+        drop(guard);
+        drop(released);
+    }
+
+    fn post_locked(
+        &self,
+        w: &Worker,
+        guard: &mut MutexGuard<'_, Queue>,
+        sqes: &[Sqe],
+        payloads: &[(usize, &[u8])],
+        keep: Option<Keep>,
+    ) -> Res<TransferId> {
+        let q = &mut **guard;
         let qp = q.qp.as_mut().ok_or_else(Fail::closed)?;
         let book = &mut q.book;
         let n = u32::try_from(sqes.len()).map_err(|_| Fail::invalid("too many operations"))?;
-        let id = book.new_transfer(n);
+        let id = book.new_transfer(n, keep);
         let mut ready: Vec<Sqe> = Vec::with_capacity(sqes.len());
         let mut payloads = payloads.iter().peekable();
         for (i, sqe) in sqes.iter().enumerate() {
@@ -482,20 +513,42 @@ impl Core {
     /// Runs a progress round when no core thread runs, then routes every
     /// CQE; returns the work done (0: nothing happened).
     pub(crate) fn poll(&self) -> Res<usize> {
-        let w = self.worker()?;
-        let w = w.as_ref().expect("checked by worker()");
-        let work = if self.core_thread { 0 } else { w.progress() };
-        let mut guard = self.queue();
-        let q = &mut *guard;
-        let routed = match q.qp.as_mut() {
-            Some(qp) => reap(qp, &mut q.book)?,
-            None => 0,
+        let work = if self.core_thread {
+            0
+        } else {
+            self.worker()?
+                .as_ref()
+                .expect("checked by worker()")
+                .progress()
         };
-        drop(guard);
+        Ok(work + self.route_all(false, false)?)
+    }
+
+    /// Routes every CQE in the CQ (after disarming the CQ eventfd, with
+    /// `disarm`), then drops what finished transfers kept, with no lock
+    /// held, and signals the waiters if anything came.
+    fn route_all(&self, disarm: bool, from_async: bool) -> Res<usize> {
+        let (routed, released) = {
+            let _w = self.worker()?;
+            let mut guard = self.queue();
+            let q = &mut *guard;
+            let routed = match q.qp.as_mut() {
+                Some(qp) => {
+                    if disarm {
+                        qp.disarm_cq_doorbell();
+                    }
+                    reap(qp, &mut q.book)
+                }
+                None => Ok(0),
+            };
+            (routed, std::mem::take(&mut q.book.released))
+        };
+        drop(released);
+        let routed = routed?;
         if routed > 0 {
-            self.signal(false);
+            self.signal(from_async);
         }
-        Ok(work + routed)
+        Ok(routed)
     }
 
     /// Wakes the waiters that may find their condition met now.
@@ -593,14 +646,7 @@ impl Core {
                 .wait(remaining)
                 .map_err(|e| io_fail("waiting on the CQ eventfd", e))?;
         }
-        let _w = self.worker()?;
-        let mut guard = self.queue();
-        let q = &mut *guard;
-        if let Some(qp) = q.qp.as_mut() {
-            qp.disarm_cq_doorbell();
-            reap(qp, &mut q.book)?;
-        }
-        Ok(())
+        self.route_all(true, false).map(|_| ())
     }
 
     // ------------------------------------------------------------ asyncio
@@ -661,18 +707,16 @@ impl Core {
             Leader::Async => {}
         }
         drop(waits);
-        let _w = self.worker()?;
-        let mut guard = self.queue();
-        let q = &mut *guard;
-        let qp = q.qp.as_mut().ok_or_else(Fail::closed)?;
-        if qp.arm_cq_doorbell().map_err(|_| corrupt())? {
+        let armed = {
+            let _w = self.worker()?;
+            let mut guard = self.queue();
+            let qp = guard.qp.as_mut().ok_or_else(Fail::closed)?;
+            qp.arm_cq_doorbell().map_err(|_| corrupt())?
+        };
+        if armed {
             return Ok(arm::LEAD);
         }
-        let routed = reap(qp, &mut q.book)?;
-        drop(guard);
-        if routed > 0 {
-            self.signal(true);
-        }
+        self.route_all(false, true)?;
         Ok(arm::READY)
     }
 
@@ -686,14 +730,7 @@ impl Core {
             }
         }
         self.disarm();
-        {
-            let _w = self.worker()?;
-            let mut guard = self.queue();
-            let q = &mut *guard;
-            if let Some(qp) = q.qp.as_mut() {
-                reap(qp, &mut q.book)?;
-            }
-        }
+        self.route_all(false, true)?;
         // Whatever came, the lead changed hands: thread followers may take
         // it.
         self.signal(true);
@@ -751,7 +788,7 @@ impl Core {
                         None => 0,
                     };
                     let outstanding = q.book.outstanding();
-                    drop(guard);
+                    self.unlock(guard);
                     if outstanding == 0 {
                         break;
                     }
@@ -815,7 +852,7 @@ impl Core {
             drop(qp);
         }
         q.book.settle_all(Status::Canceled.as_raw());
-        drop(guard);
+        self.unlock(guard);
         let _ = self.bell.ring();
         self.signal(false);
         (freed, stuck)

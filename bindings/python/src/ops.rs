@@ -547,6 +547,14 @@ impl Prepared {
         })
     }
 
+    /// What a post of it keeps until its operations completed.
+    pub(crate) fn keep(&self) -> crate::book::Keep {
+        crate::book::Keep {
+            mems: self.mems.clone(),
+            remotes: self.remotes.clone(),
+        }
+    }
+
     /// `Err` if something the batch uses was released since.
     pub(crate) fn check_live(&self) -> Res<()> {
         for m in &self.mems {

@@ -139,8 +139,9 @@ fn post(py: Python<'_>, ep: &Arc<EpInner>, prepared: &Prepared) -> PyResult<Tran
         .map(|(i, b)| (*i, b.as_slice()))
         .collect();
     let core = &ep.core;
+    let keep = prepared.keep();
     let id = py
-        .detach(|| core.post(&prepared.sqes, &payloads))
+        .detach(|| core.post(&prepared.sqes, &payloads, Some(keep)))
         .or_raise(py)?;
     drop(core.retry_parked());
     Ok(Transfer::new(core.clone(), id, prepared.sqes.len()))
@@ -236,7 +237,7 @@ impl Endpoint {
             CloseMode::GRACEFUL
         };
         let sqe = Sqe::close(self.inner.id.as_raw(), mode);
-        let id = py.detach(|| core.post(&[sqe], &[])).or_raise(py)?;
+        let id = py.detach(|| core.post(&[sqe], &[], None)).or_raise(py)?;
         let transfer = Transfer::new(core.clone(), id, 1);
         transfer.wait(py, timeout)
     }

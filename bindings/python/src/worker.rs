@@ -341,7 +341,7 @@ impl Worker {
     fn flush(&self, py: Python<'_>) -> PyResult<Transfer> {
         let core = &self.core;
         let id = py
-            .detach(|| core.post(&[Sqe::flush_worker()], &[]))
+            .detach(|| core.post(&[Sqe::flush_worker()], &[], None))
             .or_raise(py)?;
         Ok(Transfer::new(core.clone(), id, 1))
     }
