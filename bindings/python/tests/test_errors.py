@@ -265,7 +265,18 @@ def test_a_parents_worker_is_stale_in_a_forked_child(w):
                             code = 0
         finally:
             os._exit(code)
-    _, status = os.waitpid(pid, 0)
+    import time
+
+    deadline = time.monotonic() + HANG
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung")
+        os.sched_yield()
     assert os.waitstatus_to_exitcode(status) == 0
     assert w.poll() >= 0  # the parent's worker is unharmed
     mem.pack_key()
