@@ -60,7 +60,7 @@ struct Record {
     orphan: bool,
     remaining: u32,
     results: Vec<i32>,
-    keep: Option<Keep>,
+    keep: Option<Arc<Keep>>,
 }
 
 /// Names one transfer record: index and generation.
@@ -126,7 +126,7 @@ pub(crate) struct Book {
     /// What finished transfers kept: to drop once the queue is unlocked
     /// (dropping the last reference deregisters, which must not happen
     /// under the queue lock).
-    pub(crate) released: Vec<Keep>,
+    pub(crate) released: Vec<Arc<Keep>>,
 }
 
 impl Book {
@@ -154,7 +154,7 @@ impl Book {
 
     /// A record for a transfer of `ops` operations, all pending, keeping
     /// `keep` until they completed.
-    pub(crate) fn new_transfer(&mut self, ops: u32, keep: Option<Keep>) -> TransferId {
+    pub(crate) fn new_transfer(&mut self, ops: u32, keep: Option<Arc<Keep>>) -> TransferId {
         let index = match self.free_records.pop() {
             Some(i) => i,
             None => {

@@ -28,7 +28,7 @@ use ringfence_ring::{CloseMode, Doorbell, Sqe, Status};
 use std::collections::{HashMap, HashSet};
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
 /// Bumped in a forked child (`pthread_atfork`): a worker made under an
@@ -388,8 +388,8 @@ impl Core {
     pub(crate) fn post(
         &self,
         sqes: &[Sqe],
-        payloads: &[(usize, &[u8])],
-        keep: Option<Keep>,
+        payloads: &[(usize, Vec<u8>)],
+        keep: Option<Arc<Keep>>,
     ) -> Res<TransferId> {
         let (result, released) = {
             let w = self.worker()?;
@@ -417,8 +417,8 @@ impl Core {
         w: &Worker,
         guard: &mut MutexGuard<'_, Queue>,
         sqes: &[Sqe],
-        payloads: &[(usize, &[u8])],
-        keep: Option<Keep>,
+        payloads: &[(usize, Vec<u8>)],
+        keep: Option<Arc<Keep>>,
     ) -> Res<TransferId> {
         let q = &mut **guard;
         let qp = q.qp.as_mut().ok_or_else(Fail::closed)?;
@@ -430,7 +430,7 @@ impl Core {
         for (i, sqe) in sqes.iter().enumerate() {
             let mut sqe = *sqe;
             let mut staged = None;
-            if let Some(&(_, bytes)) = payloads.next_if(|(at, _)| *at == i) {
+            if let Some((_, bytes)) = payloads.next_if(|(at, _)| *at == i) {
                 match book.stage(w, bytes) {
                     Ok((slot, local)) => {
                         staged = Some(slot);

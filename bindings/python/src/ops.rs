@@ -407,6 +407,13 @@ pub(crate) fn buffer_bytes(py: Python<'_>, buffer: &PyUntypedBuffer) -> PyResult
 pub(crate) struct Prepared {
     pub(crate) sqes: Vec<Sqe>,
     pub(crate) payloads: Vec<(usize, Vec<u8>)>,
+    /// What it uses; each post keeps it (one reference) until done.
+    pub(crate) keep: Arc<crate::book::Keep>,
+}
+
+/// What a batch uses, gathered while it is built.
+#[derive(Debug, Default)]
+struct Uses {
     mems: Vec<Arc<MemInner>>,
     remotes: Vec<Arc<RemoteInner>>,
 }
@@ -421,11 +428,10 @@ impl Prepared {
         if ops.is_empty() {
             return Err(Fail::invalid("a batch needs at least one operation"));
         }
-        let mut p = Prepared {
+        let mut p = Building {
             sqes: Vec::with_capacity(ops.len()),
             payloads: Vec::new(),
-            mems: Vec::new(),
-            remotes: Vec::new(),
+            uses: Uses::default(),
         };
         let e = ep.as_raw();
         for (i, op) in ops.iter().enumerate() {
@@ -498,9 +504,37 @@ impl Prepared {
             };
             p.sqes.push(sqe);
         }
-        Ok(p)
+        Ok(Prepared {
+            sqes: p.sqes,
+            payloads: p.payloads,
+            keep: Arc::new(crate::book::Keep {
+                mems: p.uses.mems,
+                remotes: p.uses.remotes,
+            }),
+        })
     }
 
+    /// `Err` if something the batch uses was released since.
+    pub(crate) fn check_live(&self) -> Res<()> {
+        for m in &self.keep.mems {
+            m.check_live()?;
+        }
+        for r in &self.keep.remotes {
+            r.check_live()?;
+        }
+        Ok(())
+    }
+}
+
+/// A batch being built.
+#[derive(Debug)]
+struct Building {
+    sqes: Vec<Sqe>,
+    payloads: Vec<(usize, Vec<u8>)>,
+    uses: Uses,
+}
+
+impl Building {
     fn local(
         &mut self,
         core: &Arc<crate::core::Core>,
@@ -514,8 +548,8 @@ impl Prepared {
             ));
         }
         mem.check_live()?;
-        if !self.mems.iter().any(|m| Arc::ptr_eq(m, mem)) {
-            self.mems.push(mem.clone());
+        if !self.uses.mems.iter().any(|m| Arc::ptr_eq(m, mem)) {
+            self.uses.mems.push(mem.clone());
         }
         Ok(LocalBuf {
             mem: mem.handle.as_raw(),
@@ -538,31 +572,12 @@ impl Prepared {
             ));
         }
         remote.check_live()?;
-        if !self.remotes.iter().any(|r| Arc::ptr_eq(r, remote)) {
-            self.remotes.push(remote.clone());
+        if !self.uses.remotes.iter().any(|r| Arc::ptr_eq(r, remote)) {
+            self.uses.remotes.push(remote.clone());
         }
         Ok(RemoteBuf {
             rkey: remote.rkey.as_raw(),
             addr: remote.base + offset,
         })
-    }
-
-    /// What a post of it keeps until its operations completed.
-    pub(crate) fn keep(&self) -> crate::book::Keep {
-        crate::book::Keep {
-            mems: self.mems.clone(),
-            remotes: self.remotes.clone(),
-        }
-    }
-
-    /// `Err` if something the batch uses was released since.
-    pub(crate) fn check_live(&self) -> Res<()> {
-        for m in &self.mems {
-            m.check_live()?;
-        }
-        for r in &self.remotes {
-            r.check_live()?;
-        }
-        Ok(())
     }
 }

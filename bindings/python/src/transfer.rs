@@ -133,15 +133,10 @@ impl Endpoint {
 fn post(py: Python<'_>, ep: &Arc<EpInner>, prepared: &Prepared) -> PyResult<Transfer> {
     ep.check_open().or_raise(py)?;
     prepared.check_live().or_raise(py)?;
-    let payloads: Vec<(usize, &[u8])> = prepared
-        .payloads
-        .iter()
-        .map(|(i, b)| (*i, b.as_slice()))
-        .collect();
     let core = &ep.core;
-    let keep = prepared.keep();
+    let keep = Some(prepared.keep.clone());
     let id = py
-        .detach(|| core.post(&prepared.sqes, &payloads, Some(keep)))
+        .detach(|| core.post(&prepared.sqes, &prepared.payloads, keep))
         .or_raise(py)?;
     drop(core.retry_parked());
     Ok(Transfer::new(core.clone(), id, prepared.sqes.len()))
@@ -362,7 +357,10 @@ impl Transfer {
     /// operation's error (with its index in `op_index`).
     #[pyo3(signature = (timeout=None))]
     fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
-        if self.results.get().is_none() {
+        timeout_of(timeout).or_raise(py)?;
+        // One round first, as `done` does: over shm most transfers are done
+        // by then, and a wait that does not sleep need not let the GIL go.
+        if self.results.get().is_none() && !self.done(py)? {
             let id = self.id;
             let results = wait_blocking(py, &self.core, timeout, move |book| {
                 book.is_done(id).then(|| book.results(id))
