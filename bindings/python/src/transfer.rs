@@ -216,7 +216,9 @@ impl Endpoint {
     /// Closes the endpoint and waits for it: gracefully (after everything
     /// posted before is remotely complete) or, with `force`, at once
     /// (queued operations complete with `Canceled`). Later posts raise
-    /// `EndpointError`. Closing a closed endpoint does nothing.
+    /// `EndpointError`. Closing a closed endpoint does nothing; closing one
+    /// whose peer died raises `EndpointError` (`PeerUnreachable`), and the
+    /// endpoint is closed all the same.
     #[pyo3(signature = (force=false, timeout=None))]
     fn close(&self, py: Python<'_>, force: bool, timeout: Option<f64>) -> PyResult<()> {
         timeout_of(timeout).or_raise(py)?;

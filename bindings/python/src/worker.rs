@@ -445,9 +445,14 @@ impl Port {
         Ok(state)
     }
 
-    /// The CQ's eventfd woke the loop.
+    /// The CQ's eventfd woke the loop (also when the worker closed: the
+    /// waiters then find it closed themselves).
     fn wake(&self, py: Python<'_>) -> PyResult<()> {
-        self.core.async_wake().or_raise(py)?;
+        match self.core.async_wake() {
+            Ok(()) => {}
+            Err(_) if self.core.is_closed() => return Ok(()),
+            Err(f) => return Err(f.into_pyerr(py)),
+        }
         drop(self.core.retry_parked());
         Ok(())
     }

@@ -107,3 +107,22 @@ def test_worker_flush_covers_every_endpoint(w):
     f = w.flush()
     f.wait(timeout=HANG)
     assert f.results == [0]
+
+
+def test_a_blocking_wait_lets_other_threads_run(any_w):
+    import threading
+
+    w = any_w
+    ep = w.connect(w.address)
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(w.wait_notification(timeout=HANG).read()))
+    waiter.start()
+    # This thread runs Python while the other waits (it holds no GIL: were
+    # it held, nothing here would run until the wait timed out), then
+    # sends what the waiter waits for.
+    n = 0
+    while n < 200_000:
+        n += 1
+    ep.post([rf.notify(b"go", tag=1)]).wait(timeout=HANG)
+    waiter.join(HANG)
+    assert got == [b"go"]
