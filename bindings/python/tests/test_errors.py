@@ -280,3 +280,29 @@ def test_a_parents_worker_is_stale_in_a_forked_child(w):
     assert os.waitstatus_to_exitcode(status) == 0
     assert w.poll() >= 0  # the parent's worker is unharmed
     mem.pack_key()
+
+
+def test_garbage_addresses_and_keys_raise_and_never_crash(loop_w):
+    w, ep, window, remote = loop_w
+    rng = np.random.default_rng(34)
+    key = window.pack_key()
+    blobs = [rng.integers(0, 256, int(n), dtype=np.uint8).tobytes()
+             for n in rng.integers(0, 700, 300)]
+    # Every single-bit flip and every cut of a real key and address.
+    for good in (key, w.address):
+        blobs += [good[:i] for i in range(len(good))]
+        for i in range(len(good)):
+            damaged = bytearray(good)
+            damaged[i] ^= 1 << (i % 8)
+            blobs.append(bytes(damaged))
+        blobs.append(good + b"\0")
+    for blob in blobs:
+        for call in (w.connect, ep.unpack_key):
+            try:
+                call(blob)
+            except rf.RingfenceError as e:
+                assert e.status < 0 and e.status_name
+            else:
+                assert blob in (w.address, key), "a damaged blob was taken"
+    # The worker works after all of it.
+    ep.post([rf.put(w.alloc(64), remote, 64)]).wait(timeout=HANG)
