@@ -74,8 +74,9 @@ def test_an_await_times_out():
             assert e.value.status_name == "Timeout"
             with pytest.raises(rf.TimeoutError):
                 await w.wait_notification_async(timeout=0)
-            with pytest.raises(rf.InvalidArgumentError):
-                await w.wait_notification_async(timeout=-1)
+            with pytest.raises(rf.InvalidArgumentError) as e:
+                await t.wait_async(timeout=-1)
+            assert e.value.status_name == "InvalidArgument"
 
         asyncio.run(main())
         assert t.status == "pending"  # the transfer goes on after a timeout

@@ -73,17 +73,27 @@ class _Hub:
                 self.watching_relay = False
         self.port.end()
 
-    async def sleep(self, lead: bool) -> None:
-        """Until a descriptor wakes the loop (the caller bounds it)."""
+    def sleeper(self, lead: bool) -> asyncio.Future:
+        """A future the next wake of the loop resolves. Made in the same
+        step as the look at the caller's condition (no await between), so
+        no wake can come between the two and be missed."""
         if lead and not self.watching_cq:
             self.loop.add_reader(self.cq_fd, self._on_cq)
             self.watching_cq = True
         f = self.loop.create_future()
         self.sleepers.add(f)
-        try:
-            await f
-        finally:
-            self.sleepers.discard(f)
+        return f
+
+
+def _error(cls, status: int, name: str, message: str) -> _errors.RingfenceError:
+    e = cls(message)
+    e.status, e.status_name = status, name
+    return e
+
+
+def _resolve(f: asyncio.Future) -> None:
+    if not f.done():
+        f.set_result(None)
 
 
 # Per event loop, the hubs of the workers awaited there (by port key); a
@@ -106,8 +116,8 @@ def _hub(port, loop) -> tuple[dict, _Hub]:
 async def _wait(port, ready, timeout: float | None):
     """Awaits until ``ready()`` returns something other than None."""
     if timeout is not None and not timeout >= 0:
-        raise _errors.InvalidArgumentError(
-            f"timeout is a number of seconds, 0 or more, or None; not {timeout}")
+        raise _error(_errors.InvalidArgumentError, -22, "InvalidArgument",
+                     f"timeout is a number of seconds, 0 or more, or None; not {timeout}")
     loop = asyncio.get_running_loop()
     deadline = None if timeout is None else loop.time() + timeout
     per_loop, hub = _hub(port, loop)
@@ -127,18 +137,20 @@ async def _wait(port, ready, timeout: float | None):
                 return result
             left = None if deadline is None else deadline - loop.time()
             if left is not None and left <= 0:
-                e = _errors.TimeoutError(f"timed out after {timeout} s")
-                e.status, e.status_name = -62, "Timeout"
-                raise e
+                raise _error(_errors.TimeoutError, -62, "Timeout", f"timed out after {timeout} s")
             if state == _READY:
                 continue
             if state == _POLL:
                 await asyncio.sleep(0)
                 continue
+            f = hub.sleeper(state == _LEAD)
+            timer = None if left is None else loop.call_later(left, _resolve, f)
             try:
-                await asyncio.wait_for(hub.sleep(state == _LEAD), left)
-            except asyncio.TimeoutError:
-                pass
+                await f
+            finally:
+                hub.sleepers.discard(f)
+                if timer is not None:
+                    timer.cancel()
     finally:
         hub.end()
         if hub.waiters == 0 and per_loop.get(port.key) is hub:
