@@ -2,7 +2,8 @@
 # Runs every ringfence test: format, lints, unit and integration tests (two
 # real processes included), doc tests, a bench smoke run, docs, loom models,
 # miri, the struct layout audit, the fuzz targets for a bounded time, and
-# ThreadSanitizer over the threaded tests. Installs what is missing first.
+# ThreadSanitizer over the threaded tests, and the Python package's tests.
+# Installs what is missing first.
 #
 #   ./scripts/test.sh              everything (what CI runs)
 #   ./scripts/test.sh quick        format, clippy and tests only
@@ -24,7 +25,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Every step, in the order of a full run; `quick` is the first three.
-all_steps=(format clippy tests bench-smoke c-tests docs loom loom-sleep miri rflayout fuzz tsan)
+all_steps=(format clippy tests bench-smoke c-tests python docs loom loom-sleep miri rflayout fuzz tsan)
 quick_steps=(format clippy tests)
 case "${1:-}" in
   --list) printf '%s\n' "${all_steps[@]}"; exit 0 ;;
@@ -44,7 +45,7 @@ esac
 log_dir=target/test-logs
 mkdir -p "$log_dir"
 # Counted at the end, from this run's logs only.
-rm -f "$log_dir/cargo-test.log" "$log_dir/c-tests.log"
+rm -f "$log_dir/cargo-test.log" "$log_dir/c-tests.log" "$log_dir/python-tests.log"
 passed_steps=() skipped_steps=()
 
 say() { printf '\n== %s\n' "$*"; }
@@ -90,7 +91,11 @@ run_step() { # name command...
   passed_steps+=("$name")
 }
 
-step_format() { run_step format cargo fmt --all -- --check; }
+# The workspace, and the Python package's crate (outside the workspace).
+step_format() {
+  run_step format cargo fmt --all -- --check
+  run_step format-python cargo fmt --manifest-path bindings/python/Cargo.toml -- --check
+}
 step_clippy() { run_step clippy cargo clippy --workspace --all-targets --locked -- -D warnings; }
 
 # Unit, integration and doc tests; the output is kept to count the tests.
@@ -112,6 +117,46 @@ step_c-tests() {
   say "c-tests: bindings/c/tests/run.sh"
   bindings/c/tests/run.sh 2>&1 | tee "$log_dir/c-tests.log"
   passed_steps+=(c-tests)
+}
+
+# The Python package (bindings/python, outside the Cargo workspace): a
+# virtual environment in target/python-venv with the pinned build and test
+# requirements (bindings/python/requirements.txt), the crate's clippy, its
+# abi3 wheel built by maturin (release) and installed, and pytest over
+# bindings/python/tests. pytest finding no test (exit 5) fails the step.
+# Its passed and skipped counts join the summary.
+python_ok() {
+  command -v python3 >/dev/null 2>&1 &&
+    python3 -c 'import sys, venv, ensurepip; sys.exit(sys.version_info < (3, 11))' 2>/dev/null
+}
+step_python() {
+  say "python: bindings/python (venv, maturin, pytest)"
+  python_ok || apt_install python3 python3-venv python3-dev
+  if ! python_ok; then
+    echo "python: needs CPython 3.11 or newer with venv and ensurepip (python3, python3-venv)" >&2
+    exit 1
+  fi
+  local venv=$PWD/target/python-venv wheels=$PWD/target/python-wheels
+  [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check -r bindings/python/requirements.txt
+  export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
+  run_step clippy-python cargo clippy --manifest-path bindings/python/Cargo.toml --all-targets \
+    --locked -- -D warnings
+  rm -rf "$wheels"
+  "$venv/bin/maturin" build --release --locked -q -m bindings/python/Cargo.toml \
+    -i "$venv/bin/python" -o "$wheels"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps \
+    "$wheels"/ringfence-*.whl
+  local rc=0
+  (cd bindings/python && "$venv/bin/python" -m pytest -p no:cacheprovider --durations=5) 2>&1 \
+    | tee "$log_dir/python-tests.log" || rc=$?
+  if [ "$rc" = 5 ]; then
+    echo "python: pytest collected no tests" >&2
+    exit 1
+  elif [ "$rc" != 0 ]; then
+    exit "$rc"
+  fi
+  passed_steps+=(python)
 }
 
 step_docs() { RUSTDOCFLAGS="-D warnings" run_step docs cargo doc --workspace --no-deps --locked; }
@@ -223,6 +268,15 @@ if [ ${#logs[@]} -gt 0 ]; then
 fi
 if [ -f "$log_dir/cargo-test.log" ]; then
   ignored=$(grep -Eo '[0-9]+ ignored' "$log_dir/cargo-test.log" | awk '{s += $1} END {print s + 0}')
+fi
+# pytest's closing line: "== 41 passed, 2 skipped in 3.1s ==".
+if [ -f "$log_dir/python-tests.log" ]; then
+  pytest_count() { # word: the count before it on pytest's last closing line
+    awk -v word="$1" '/^=+ .* in [0-9.]+s/ {n = 0; for (i = 2; i <= NF; i++) if ($i ~ "^" word) n = $(i - 1)}
+      END {print n + 0}' "$log_dir/python-tests.log"
+  }
+  passed=$((passed + $(pytest_count passed)))
+  ignored=$((ignored + $(pytest_count skipped)))
 fi
 say "steps passed: ${passed_steps[*]}${skipped_steps:+; skipped: ${skipped_steps[*]}}"
 echo "tests: $passed passed, 0 failed, $ignored skipped"
