@@ -74,7 +74,7 @@ command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 [ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}"
 
 if ! command -v cargo >/dev/null 2>&1; then
-  echo "cargo not found: install Rust (https://rustup.rs), stable 1.85 or newer" >&2
+  echo "cargo not found: install Rust (https://rustup.rs), stable 1.88 or newer" >&2
   exit 1
 fi
 for component in rustfmt clippy; do

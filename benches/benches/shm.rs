@@ -134,7 +134,7 @@ fn latency_group(c: &mut Criterion) {
             while window.load_u64(0) != seq {
                 pause(spins);
                 spins += 1;
-                if spins % (1 << 20) == 0 {
+                if spins.is_multiple_of(1 << 20) {
                     // A PUT that did not run in the first round (never
                     // seen), or a hang.
                     link.worker.progress();

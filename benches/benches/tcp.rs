@@ -177,7 +177,7 @@ fn latency_group(c: &mut Criterion) {
             }
             pause(spins);
             spins += 1;
-            if spins % (1 << 16) == 0 {
+            if spins.is_multiple_of(1 << 16) {
                 assert!(Instant::now() < deadline, "no answer from the peer");
             }
         }

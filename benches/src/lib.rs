@@ -244,11 +244,9 @@ pub mod link {
         pub fn put_seq(&mut self, seq: u64, now: bool) {
             self.src.store_u64(0, seq);
             let put = self.put8;
-            if now {
-                if let Some(result) = self.qp.try_now(&put) {
-                    assert_eq!(result, Ok(8));
-                    return;
-                }
+            if now && let Some(result) = self.qp.try_now(&put) {
+                assert_eq!(result, Ok(8));
+                return;
             }
             self.push(put);
             self.qp.submit();

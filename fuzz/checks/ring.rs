@@ -200,11 +200,11 @@ pub fn ring_outcome(data: &[u8]) -> Reached {
                 _ => {}
             },
             3 => {
-                if let Some(&ud) = in_cq.front() {
-                    if ecq.push(Cqe::new(ud, 0, 0)).is_ok() {
-                        ecq.submit();
-                        in_cq.pop_front();
-                    }
+                if let Some(&ud) = in_cq.front()
+                    && ecq.push(Cqe::new(ud, 0, 0)).is_ok()
+                {
+                    ecq.submit();
+                    in_cq.pop_front();
                 }
             }
             4 => match cq.pop() {
@@ -228,16 +228,12 @@ pub fn ring_outcome(data: &[u8]) -> Reached {
             ),
             _ => {
                 let mut out = [Sqe::default(); 8];
-                if let Ok(n) = esq.pop_batch(&mut out) {
-                    if !corrupted {
-                        for sqe in &out[..n] {
-                            assert_eq!(
-                                Some(sqe.user_data),
-                                submitted.pop_front(),
-                                "SQ batch order"
-                            );
-                            in_cq.push_back(sqe.user_data);
-                        }
+                if let Ok(n) = esq.pop_batch(&mut out)
+                    && !corrupted
+                {
+                    for sqe in &out[..n] {
+                        assert_eq!(Some(sqe.user_data), submitted.pop_front(), "SQ batch order");
+                        in_cq.push_back(sqe.user_data);
                     }
                 }
                 let _ = esq.ready_published();

@@ -98,7 +98,7 @@ mod cells {
         pub(crate) unsafe fn read(&self, index: u32) -> T {
             // Entries are whole 8-byte words (Sqe: 8, Cqe: 2): copying them a
             // word at a time is one load per word instead of one per field.
-            const { assert!(size_of::<T>() % 8 == 0 && align_of::<T>() >= 8) };
+            const { assert!(size_of::<T>().is_multiple_of(8) && align_of::<T>() >= 8) };
             // SAFETY: `index < len` (contract).
             let src = unsafe { self.slot_ptr(index) }.cast::<u64>();
             let mut out = core::mem::MaybeUninit::<T>::uninit();

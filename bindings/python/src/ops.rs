@@ -178,7 +178,7 @@ fn atomic(
     let remote = remote.inner.clone();
     remote.check_live()?;
     remote.check_range(remote_offset, 8, &format!("{what}: the RemoteMemory"))?;
-    if remote.base.wrapping_add(remote_offset) % 8 != 0 {
+    if !remote.base.wrapping_add(remote_offset).is_multiple_of(8) {
         return Err(Fail::new(
             Status::Misaligned,
             format!("{what}: the remote word is not 8-byte aligned"),

@@ -244,10 +244,10 @@ impl Engine {
             self.queues[qi].finish(sqe.user_data, result, skip, &mut self.stats);
         }
         self.count(e, ran as u64, bytes, errors);
-        if let Some(&Err(status)) = self.run.results[..ran].last() {
-            if fails_endpoint(status) {
-                self.fail_endpoint(e, status);
-            }
+        if let Some(&Err(status)) = self.run.results[..ran].last()
+            && fails_endpoint(status)
+        {
+            self.fail_endpoint(e, status);
         }
         for sqe in &sqes[ran..] {
             if self.shut_down || !self.try_direct(qi, sqe) {
@@ -453,10 +453,10 @@ impl Engine {
                 };
                 self.count(e, 1, bytes, error);
                 self.queues[qi].finish(sqe.user_data, result, skip_success, &mut self.stats);
-                if let Err(status) = result {
-                    if fails_endpoint(status) {
-                        self.fail_endpoint(e, status);
-                    }
+                if let Err(status) = result
+                    && fails_endpoint(status)
+                {
+                    self.fail_endpoint(e, status);
                 }
             }
             posted => {

@@ -114,10 +114,10 @@ impl Engine {
             .pool
             .alloc(request)
             .expect("intake never takes more SQEs than free requests");
-        if request.holds_mem() {
-            if let Some(r) = self.mem.get_mut(request.local_mem) {
-                r.inflight += 1;
-            }
+        if request.holds_mem()
+            && let Some(r) = self.mem.get_mut(request.local_mem)
+        {
+            r.inflight += 1;
         }
         RequestId::new(qi as u32, slot)
     }
@@ -182,12 +182,12 @@ impl Engine {
                 if sqe.len != 8 {
                     return Err(Status::InvalidLength);
                 }
-                if sqe.remote_addr % 8 != 0 {
+                if !sqe.remote_addr.is_multiple_of(8) {
                     return Err(Status::Misaligned);
                 }
                 self.check_remote_bounds(sqe, 8)?;
                 if op != AtomicOp::ADD {
-                    if sqe.local_addr % 8 != 0 {
+                    if !sqe.local_addr.is_multiple_of(8) {
                         return Err(Status::Misaligned);
                     }
                     self.mem.check(sqe.local_mem, sqe.local_addr, 8)?;

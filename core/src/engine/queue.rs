@@ -84,10 +84,10 @@ impl EngineQueue {
         // Release: pairs with the Acquire loads in `QueuePair::check` and
         // the waits.
         self.failed.store(true, Ordering::Release);
-        if let Some(bell) = &self.cq_bell {
-            if let Err(e) = bell.ring() {
-                tracing::error!(error = %e, "CQ doorbell failed");
-            }
+        if let Some(bell) = &self.cq_bell
+            && let Err(e) = bell.ring()
+        {
+            tracing::error!(error = %e, "CQ doorbell failed");
         }
     }
 
@@ -159,12 +159,11 @@ impl EngineQueue {
         if self.pushed {
             self.pushed = false;
             self.cq.submit();
-            if let Some(bell) = &self.cq_bell {
-                if self.cq.needs_wakeup() {
-                    if let Err(e) = bell.ring() {
-                        tracing::error!(error = %e, "CQ doorbell failed");
-                    }
-                }
+            if let Some(bell) = &self.cq_bell
+                && self.cq.needs_wakeup()
+                && let Err(e) = bell.ring()
+            {
+                tracing::error!(error = %e, "CQ doorbell failed");
             }
         }
     }
@@ -194,10 +193,10 @@ impl Engine {
     /// posts its CQE (unless it asked to skip a success), frees its slot.
     pub(super) fn complete(&mut self, id: RequestId, result: Result<u32, Status>) {
         let request = *self.request(id);
-        if request.holds_mem() {
-            if let Some(r) = self.mem.get_mut(request.local_mem) {
-                r.inflight -= 1;
-            }
+        if request.holds_mem()
+            && let Some(r) = self.mem.get_mut(request.local_mem)
+        {
+            r.inflight -= 1;
         }
         let opcode = request.opcode();
         let bytes = match (opcode, result) {

@@ -158,7 +158,7 @@ impl OwnedMem {
         len: usize,
         reservation: Option<Reservation>,
     ) -> Option<OwnedMem> {
-        if mem.len() < len.max(1) || mem.addr() == 0 || mem.addr() % 64 != 0 {
+        if mem.len() < len.max(1) || mem.addr() == 0 || !mem.addr().is_multiple_of(64) {
             return None;
         }
         Some(OwnedMem {
@@ -224,7 +224,7 @@ impl OwnedMem {
     /// If `offset` is not 8-byte aligned or the word is out of bounds.
     fn word(&self, offset: usize) -> *mut u64 {
         assert!(
-            offset % 8 == 0 && offset.checked_add(8).is_some_and(|end| end <= self.len()),
+            offset.is_multiple_of(8) && offset.checked_add(8).is_some_and(|end| end <= self.len()),
             "unaligned or out of bounds"
         );
         // In bounds (asserted), and 8-aligned: the base is 64-aligned and

@@ -224,10 +224,10 @@ impl NotifyPool {
         }
         // Its SeqCst fence orders the delivery above before the flag load;
         // pairs with the fence of `announce` in `begin_sleep`.
-        if self.sleeping.is_announced() {
-            if let Some(waker) = self.waker.get() {
-                let _ = waker.ring();
-            }
+        if self.sleeping.is_announced()
+            && let Some(waker) = self.waker.get()
+        {
+            let _ = waker.ring();
         }
         Ok(())
     }
@@ -321,11 +321,12 @@ impl NotifyPool {
             .compare_exchange(READING, FREE, Ordering::SeqCst, Ordering::Relaxed)
             .is_ok();
         // The swap makes one release ring per mark, however many see it.
-        if freed && self.wanted.load(Ordering::SeqCst) && self.wanted.swap(false, Ordering::SeqCst)
+        if freed
+            && self.wanted.load(Ordering::SeqCst)
+            && self.wanted.swap(false, Ordering::SeqCst)
+            && let Some(waker) = self.waker.get()
         {
-            if let Some(waker) = self.waker.get() {
-                let _ = waker.ring();
-            }
+            let _ = waker.ring();
         }
     }
 }

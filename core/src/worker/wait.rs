@@ -118,7 +118,7 @@ pub(crate) fn wait_cqes(
                 idle = 0;
             } else {
                 idle += 1;
-                if idle % SPINS_PER_YIELD == 0 {
+                if idle.is_multiple_of(SPINS_PER_YIELD) {
                     std::thread::yield_now();
                 } else {
                     std::hint::spin_loop();

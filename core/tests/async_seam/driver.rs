@@ -185,7 +185,7 @@ fn the_driver_reorders_lanes_keeps_each_lane_in_order_and_flushes_after_them() {
         b.handle.seed(seed);
         for i in 0..40u64 {
             let lane = (i % 4) as u8;
-            b.handle.set_timing(if lane % 2 == 0 {
+            b.handle.set_timing(if lane.is_multiple_of(2) {
                 SimTiming::PollsBetween(5, 12)
             } else {
                 SimTiming::PollsBetween(1, 12)

@@ -199,11 +199,11 @@ pub(crate) fn device_thread(state: &DeviceState) {
                 if queue.stop {
                     return;
                 }
-                if queue.open {
-                    if let Some(job) = queue.jobs.pop_front() {
-                        queue.busy += 1;
-                        break job;
-                    }
+                if queue.open
+                    && let Some(job) = queue.jobs.pop_front()
+                {
+                    queue.busy += 1;
+                    break job;
                 }
                 queue = state.work.wait(queue).unwrap();
             }

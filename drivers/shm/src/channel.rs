@@ -262,10 +262,10 @@ impl Inbound {
 
     /// Producers need not ring any more (the worker polls again).
     pub(crate) fn disarm(&self) {
-        if let Some(wake) = self.page.word(WAKE_AT) {
-            if wake.load(Ordering::Relaxed) != 0 {
-                wake.store(0, Ordering::Relaxed);
-            }
+        if let Some(wake) = self.page.word(WAKE_AT)
+            && wake.load(Ordering::Relaxed) != 0
+        {
+            wake.store(0, Ordering::Relaxed);
         }
     }
 

@@ -330,11 +330,9 @@ pub(crate) fn run(shared: &Shared, listener: &OwnedFd) {
             }
             last_polls = polls;
         }
-        if drain {
-            if let Some(pool) = shared.notify.get() {
-                for c in &channels {
-                    let _ = c.drain(&**pool, CONTROL_DRAIN_BUDGET);
-                }
+        if drain && let Some(pool) = shared.notify.get() {
+            for c in &channels {
+                let _ = c.drain(&**pool, CONTROL_DRAIN_BUDGET);
             }
         }
 

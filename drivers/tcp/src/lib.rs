@@ -229,15 +229,15 @@ impl TcpBuilder {
     /// socket could not be set up.
     pub fn build(self) -> Result<Tcp, DriverError> {
         let mut config = self.config;
-        if self.from_env {
-            if let Ok(value) = std::env::var("RINGFENCE_TCP_ADDR") {
-                config.addr = parse_addr(&value).ok_or_else(|| {
-                    DriverError::new(
-                        Status::InvalidArgument,
-                        format!("RINGFENCE_TCP_ADDR={value:?}: expected IP or IP:PORT"),
-                    )
-                })?;
-            }
+        if self.from_env
+            && let Ok(value) = std::env::var("RINGFENCE_TCP_ADDR")
+        {
+            config.addr = parse_addr(&value).ok_or_else(|| {
+                DriverError::new(
+                    Status::InvalidArgument,
+                    format!("RINGFENCE_TCP_ADDR={value:?}: expected IP or IP:PORT"),
+                )
+            })?;
         }
         let invalid = |what: &str| {
             Err(DriverError::new(

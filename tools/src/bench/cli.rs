@@ -352,12 +352,12 @@ impl Cli {
                 return usage(format!("{flag} runs one side by itself: leave out --role"));
             }
         }
-        if let Some(target) = &self.connect {
-            if !has_port(target) {
-                return usage(format!(
-                    "--connect `{target}`: expected ADDR:PORT (the port the target's --listen printed)"
-                ));
-            }
+        if let Some(target) = &self.connect
+            && !has_port(target)
+        {
+            return usage(format!(
+                "--connect `{target}`: expected ADDR:PORT (the port the target's --listen printed)"
+            ));
         }
         match self.role {
             Role::Initiator => {

@@ -164,12 +164,12 @@ impl<'w> Side<'w> {
         let mut deadline = None;
         while self.window.load_u64(at) != seq {
             spins = spins.wrapping_add(1);
-            if spins % every == 0 {
+            if spins.is_multiple_of(every) {
                 self.check_errors()?;
             } else {
                 std::hint::spin_loop();
             }
-            if spins % SPINS_PER_POLL == 0 {
+            if spins.is_multiple_of(SPINS_PER_POLL) {
                 let d = *deadline.get_or_insert_with(|| Instant::now() + HANG);
                 if Instant::now() > d {
                     return Err(BenchError::Hang(format!(

@@ -79,10 +79,10 @@ pub fn worker_at(kind: DriverKind, cli: &Cli, ip: Option<IpAddr>) -> Result<Work
         DriverKind::Loopback => b.driver(Loopback::new()),
         DriverKind::Tcp => {
             let mut tcp = Tcp::builder();
-            if let Some(ip) = ip {
-                if std::env::var_os("RINGFENCE_TCP_ADDR").is_none() {
-                    tcp = tcp.addr(SocketAddr::new(ip, 0));
-                }
+            if let Some(ip) = ip
+                && std::env::var_os("RINGFENCE_TCP_ADDR").is_none()
+            {
+                tcp = tcp.addr(SocketAddr::new(ip, 0));
             }
             b.driver(tcp.build().map_err(BenchError::Tcp)?)
         }

@@ -107,10 +107,11 @@ impl Initiator {
                 FenceKind::Weak => Some(FenceMode::ORDER),
                 FenceKind::Strong => Some(FenceMode::COMPLETE),
             };
-            if let Some(mode) = mode {
-                if (i + 1) % cli.fence_every == 0 && i + 1 < batch {
-                    self.sqes.push(Sqe::fence(self.ep, mode));
-                }
+            if let Some(mode) = mode
+                && (i + 1) % cli.fence_every == 0
+                && i + 1 < batch
+            {
+                self.sqes.push(Sqe::fence(self.ep, mode));
             }
         }
         if cli.notify {
@@ -176,7 +177,7 @@ impl Initiator {
                 }
                 if n == 0 {
                     idle = idle.wrapping_add(1);
-                    if idle % 4096 == 0 && t1.elapsed() > HANG {
+                    if idle.is_multiple_of(4096) && t1.elapsed() > HANG {
                         return Err(BenchError::Hang(format!(
                             "{got} of {expected} completions of a batch after {HANG:?}"
                         )));

@@ -341,10 +341,10 @@ impl TypeGraph {
                 constants::DW_TAG_subrange_type => {
                     if let Some(&Scope::Type { key: owner, .. }) = stack.last().map(|f| &f.scope) {
                         let dim = read_subrange(entry)?;
-                        if let Some(node) = self.nodes.get_mut(&owner) {
-                            if node.tag == constants::DW_TAG_array_type {
-                                node.dims.push(dim);
-                            }
+                        if let Some(node) = self.nodes.get_mut(&owner)
+                            && node.tag == constants::DW_TAG_array_type
+                        {
+                            node.dims.push(dim);
                         }
                     }
                     Scope::Other

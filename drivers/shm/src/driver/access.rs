@@ -286,15 +286,17 @@ impl DirectPath for Shm {
     }
 
     unsafe fn execute_one(&mut self, ep: DriverEp, op: &Op) -> Option<Result<u32, Status>> {
-        if let Some(hot) = &self.hot {
-            if let Some((rkey, addr)) = op.remote {
-                // Acquire on `dead`: as in `execute_hot`.
-                if hot.ep == ep.0 && rkey == hot.rkey && op.lane < hot.lanes && !hot.liveness.gone()
-                {
-                    if let Some(result) = hot.access(op, addr) {
-                        return Some(result);
-                    }
-                }
+        if let Some(hot) = &self.hot
+            && let Some((rkey, addr)) = op.remote
+        {
+            // Acquire on `dead`: as in `execute_hot`.
+            if hot.ep == ep.0
+                && rkey == hot.rkey
+                && op.lane < hot.lanes
+                && !hot.liveness.gone()
+                && let Some(result) = hot.access(op, addr)
+            {
+                return Some(result);
             }
         }
         let mut result = [Ok(0)];

@@ -460,10 +460,10 @@ impl Shm {
     }
 
     pub(super) fn release_key(&mut self, ep: DriverEp, rkey: DriverRkey) {
-        if let Some(slot) = self.rkeys.get_mut(rkey.0 as usize) {
-            if slot.as_ref().is_some_and(|k| k.ep == ep.0) {
-                *slot = None;
-            }
+        if let Some(slot) = self.rkeys.get_mut(rkey.0 as usize)
+            && slot.as_ref().is_some_and(|k| k.ep == ep.0)
+        {
+            *slot = None;
         }
     }
 }

@@ -303,10 +303,10 @@ impl Drop for Shm {
         }
         self.shared.stop.store(true, Ordering::Release);
         self.shared.ring();
-        if let Some(control) = self.control.take() {
-            if control.join().is_err() {
-                tracing::error!("shm control thread panicked");
-            }
+        if let Some(control) = self.control.take()
+            && control.join().is_err()
+        {
+            tracing::error!("shm control thread panicked");
         }
     }
 }

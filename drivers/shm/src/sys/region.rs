@@ -68,7 +68,7 @@ impl SharedRegion {
 
     /// The 8-byte word at `offset` (8-aligned, inside), as an atomic.
     pub(crate) fn word(&self, offset: usize) -> Option<&AtomicU64> {
-        if offset % 8 != 0 {
+        if !offset.is_multiple_of(8) {
             return None;
         }
         let ptr = self.ptr_at(offset as u64, 8)?;
@@ -82,7 +82,7 @@ impl SharedRegion {
 
     /// The 4-byte word at `offset` (4-aligned, inside), as an atomic.
     pub(crate) fn word32(&self, offset: usize) -> Option<&AtomicU32> {
-        if offset % 4 != 0 {
+        if !offset.is_multiple_of(4) {
             return None;
         }
         let ptr = self.ptr_at(offset as u64, 4)?;

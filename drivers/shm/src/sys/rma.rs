@@ -91,7 +91,7 @@ pub(crate) fn mapped(region: &SharedRegion, offset: u64, op: &Op) -> Result<u32,
             if op.len != 8 {
                 return Err(Status::InvalidLength);
             }
-            if remote as usize % 8 != 0 {
+            if !(remote as usize).is_multiple_of(8) {
                 return Err(Status::Misaligned);
             }
             if !region.is_writable() {

@@ -167,7 +167,7 @@ fn feed_chunked(
         let mut chunk = &data[pos..(pos + size).min(data.len())];
         loop {
             let was_paused = handler.paused.is_some();
-            let offered = if was_paused && retries % 2 == 0 {
+            let offered = if was_paused && retries.is_multiple_of(2) {
                 &[][..]
             } else {
                 chunk

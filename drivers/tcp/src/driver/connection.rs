@@ -98,10 +98,10 @@ impl Tcp {
             let _ = self.uring.cancel_fd(fd, user_data);
         }
         self.recycle_backlog(slot);
-        if let Some((ep, lane)) = our_lane {
-            if !(adopted && self.reopen_lane(ep, lane)) {
-                self.fail_ep(ep, status);
-            }
+        if let Some((ep, lane)) = our_lane
+            && !(adopted && self.reopen_lane(ep, lane))
+        {
+            self.fail_ep(ep, status);
         }
         self.maybe_free(slot);
     }
@@ -286,10 +286,10 @@ impl Tcp {
 
     /// Frees a closing connection once nothing in flight names it.
     pub(super) fn maybe_free(&mut self, slot: u32) {
-        if let Some(conn) = self.conns.take_finished(slot) {
-            if let Some(index) = conn.fixed_file {
-                self.uring.unfix(index);
-            }
+        if let Some(conn) = self.conns.take_finished(slot)
+            && let Some(index) = conn.fixed_file
+        {
+            self.uring.unfix(index);
         }
     }
 

@@ -113,11 +113,11 @@ impl Endpoints {
 
     /// Lists endpoint `e` as having answers to report (once).
     pub(super) fn report(&mut self, e: u32) {
-        if let Some(ep) = self.slots.get_mut(e as usize).and_then(Option::as_mut) {
-            if !ep.on_report_list {
-                ep.on_report_list = true;
-                self.to_report.push(e);
-            }
+        if let Some(ep) = self.slots.get_mut(e as usize).and_then(Option::as_mut)
+            && !ep.on_report_list
+        {
+            ep.on_report_list = true;
+            self.to_report.push(e);
         }
     }
 
@@ -146,10 +146,10 @@ impl Endpoints {
     /// Endpoint `e`, failed, is released (`disconnect`): its slot goes
     /// once everything is reported.
     pub(super) fn release(&mut self, e: u32) {
-        if let Some(ep) = self.get_mut(e) {
-            if let Some(status) = ep.state.failed() {
-                ep.state = EpState::Released(status);
-            }
+        if let Some(ep) = self.get_mut(e)
+            && let Some(status) = ep.state.failed()
+        {
+            ep.state = EpState::Released(status);
         }
     }
 
@@ -163,11 +163,11 @@ impl Endpoints {
                 self.to_report.swap_remove(i);
                 continue;
             };
-            if let EpState::Connecting(token) = ep.state {
-                if ep.lanes.iter().all(|l| l.up) {
-                    ep.state = EpState::Up;
-                    self.ready.push_back(Completion::new(token, Ok(0)));
-                }
+            if let EpState::Connecting(token) = ep.state
+                && ep.lanes.iter().all(|l| l.up)
+            {
+                ep.state = EpState::Up;
+                self.ready.push_back(Completion::new(token, Ok(0)));
             }
             let failed = ep.state.failed();
             let mut done = true;

@@ -178,12 +178,12 @@ impl Tcp {
         }
         match (res, bid) {
             (n, Some(bid)) if n > 0 => {
-                if let RecvMode::Busy { empty_left } = &mut conn.recv_mode {
-                    if n as u32 >= self.config.recv_buffer_size {
-                        // A full buffer: a stream, which the multishot
-                        // receive takes faster (many buffers per entry).
-                        *empty_left = 0;
-                    }
+                if let RecvMode::Busy { empty_left } = &mut conn.recv_mode
+                    && n as u32 >= self.config.recv_buffer_size
+                {
+                    // A full buffer: a stream, which the multishot
+                    // receive takes faster (many buffers per entry).
+                    *empty_left = 0;
                 }
                 conn.backlog.push_back((bid, n as u32, 0));
                 let busy = conn.recv_mode.busy();
@@ -363,10 +363,10 @@ impl Tcp {
             drop_answers: conn.our_lane != OurLane::Never,
         };
         let direct_unread = std::mem::take(&mut conn.direct_unread);
-        if direct_unread > 0 {
-            if let Err(b) = conn.reader.advance(direct_unread, &mut handler) {
-                broken = Some(b);
-            }
+        if direct_unread > 0
+            && let Err(b) = conn.reader.advance(direct_unread, &mut handler)
+        {
+            broken = Some(b);
         }
         // A frame paused earlier goes first.
         let mut go = broken.is_none() && handler.requests.pump_get();

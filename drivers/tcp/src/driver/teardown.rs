@@ -152,10 +152,10 @@ impl Tcp {
             }
             Tag::Recv => {
                 self.uring.recycle(cqueue::buffer_select(flags));
-                if let Some(conn) = self.conns.at(slot, generation) {
-                    if !cqueue::more(flags) {
-                        conn.in_flight -= 1;
-                    }
+                if let Some(conn) = self.conns.at(slot, generation)
+                    && !cqueue::more(flags)
+                {
+                    conn.in_flight -= 1;
                 }
                 self.maybe_free(slot);
             }

@@ -93,7 +93,7 @@ impl Local {
     /// Stores a fetching atomic's old value in its 8-byte result word;
     /// `false` (nothing stored) if the range is no aligned 8-byte word.
     pub(crate) fn store_u64(&self, value: u64) -> bool {
-        let word = self.len >= 8 && self.addr % 8 == 0;
+        let word = self.len >= 8 && self.addr.is_multiple_of(8);
         if word {
             // SAFETY: 8 aligned bytes inside the vouched range (checked
             // just above; the engine checked it too when validating the
@@ -227,7 +227,7 @@ impl Span {
         if self.len != 8 {
             return Err(Status::InvalidLength);
         }
-        if self.addr % 8 != 0 {
+        if !self.addr.is_multiple_of(8) {
             return Err(Status::Misaligned);
         }
         // SAFETY: 8 aligned bytes (checked just above) of a span, whose

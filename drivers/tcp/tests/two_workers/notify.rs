@@ -113,10 +113,10 @@ fn a_notification_split_over_many_receive_buffers_arrives_intact() {
             if let Some(c) = qp.pop().unwrap() {
                 sent = Some(c);
             }
-            if got.is_none() {
-                if let Some(c) = tq.pop().unwrap() {
-                    got = Some(c);
-                }
+            if got.is_none()
+                && let Some(c) = tq.pop().unwrap()
+            {
+                got = Some(c);
             }
             assert!(Instant::now() < deadline, "round {round} hung");
             std::thread::yield_now();

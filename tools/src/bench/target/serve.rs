@@ -166,10 +166,8 @@ fn pong_command(state: &mut TargetState, words: &[&str], out: &mut AnswerSink<'_
         state.worker.stop_core_thread();
     }
     let result = run(state);
-    if core_thread {
-        if let Err(e) = state.worker.start_core_thread(None) {
-            return format!("err restarting the target's core thread: {e}");
-        }
+    if core_thread && let Err(e) = state.worker.start_core_thread(None) {
+        return format!("err restarting the target's core thread: {e}");
     }
     match result {
         Ok(()) => "done".into(),
