@@ -338,8 +338,13 @@ mod tests {
     #[test]
     fn deliver_read_release_cycle() {
         let pool = NotifyPool::new(2, 8).unwrap();
-        let payload = *b"hello!!!";
-        let src = payload.as_ptr() as usize as u64;
+        // 8-aligned, so that the 8-byte delivery takes the word copy every
+        // time; mutable, as a peer's memory is (the copy reads words
+        // through atomics, which miri checks against the pointer's tag).
+        #[repr(align(8))]
+        struct Aligned([u8; 8]);
+        let mut payload = Aligned(*b"hello!!!");
+        let src = payload.0.as_mut_ptr() as usize as u64;
         // SAFETY: `payload` is readable for 8 bytes; the 9-byte delivery is
         // refused before anything is read.
         unsafe {
@@ -390,8 +395,9 @@ mod tests {
         let pool = NotifyPool::new(2, 8).unwrap();
         let bell = Arc::new(Doorbell::new().unwrap());
         pool.set_waker(bell.clone());
-        let payload = *b"payload!";
-        let src = payload.as_ptr() as usize as u64;
+        let mut payload = *b"payload!";
+        // Mutable, as a peer's memory is (`peer::copy_from_peer`).
+        let src = payload.as_mut_ptr() as usize as u64;
         let fill = || {
             // SAFETY: `payload` is readable for 8 bytes.
             unsafe {
