@@ -7,7 +7,7 @@ use crate::driver::DriverRkey;
 use crate::endpoint::{EpState, MIXED};
 use crate::memory::{Rkey, within};
 use crate::request::{Request, RequestId};
-use ringfence_ring::{AtomicOp, FlushScope, Opcode, Sqe, SqeFlags, Status};
+use ringfence_ring::{AtomicOp, FlushScope, Opcode, Sqe, Status};
 
 impl Engine {
     pub(super) fn intake(&mut self, qi: usize) -> usize {
@@ -81,15 +81,6 @@ impl Engine {
     /// endpoint.
     #[inline]
     pub(super) fn accept(&mut self, qi: usize, sqe: &Sqe) {
-        if sqe.opcode == Opcode::NOP.as_raw() && !self.shut_down {
-            // Checked as `validate` checks it, without building a request
-            // it would not keep.
-            let (result, skip) = match check_nop(sqe) {
-                Ok(flags) => (Ok(0), flags.contains(SqeFlags::SKIP_SUCCESS)),
-                Err(status) => (Err(status), false),
-            };
-            return self.complete_now(qi, sqe.user_data, result, skip);
-        }
         let validated = if self.shut_down {
             Err(Status::Canceled)
         } else {
@@ -129,13 +120,15 @@ impl Engine {
     /// status each broken rule gets.
     pub(super) fn validate(&self, sqe: &Sqe) -> Result<Request, Status> {
         let opcode = sqe.opcode().map_err(|e| e.status())?;
-        if opcode == Opcode::NOP {
-            let flags = check_nop(sqe)?;
-            return Ok(Request::from_sqe(sqe, opcode, 0, flags));
-        }
         let flags = sqe.flags().map_err(|e| e.status())?;
         if sqe.unused_bits() != 0 {
             return Err(Status::InvalidArgument);
+        }
+        if opcode == Opcode::NOP {
+            if sqe.subop != 0 {
+                return Err(Status::InvalidSubop);
+            }
+            return Ok(Request::from_sqe(sqe, opcode, 0, flags));
         }
         if opcode == Opcode::FLUSH && sqe.subop == FlushScope::WORKER.as_raw() {
             // A worker flush names no endpoint: the field must be 0.
@@ -286,20 +279,6 @@ impl Engine {
             Err(Status::OutOfBounds)
         }
     }
-}
-
-/// The checks of a NOP beyond its opcode, in `validate`'s order: its
-/// flags, every other field zero, no sub-operation. Returns its flags.
-#[inline]
-fn check_nop(sqe: &Sqe) -> Result<SqeFlags, Status> {
-    let flags = sqe.flags().map_err(|e| e.status())?;
-    if sqe.unused_bits() != 0 {
-        return Err(Status::InvalidArgument);
-    }
-    if sqe.subop != 0 {
-        return Err(Status::InvalidSubop);
-    }
-    Ok(flags)
 }
 
 /// The rules of a PUT or GET besides its endpoint and bounds, shared by

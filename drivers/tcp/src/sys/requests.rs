@@ -208,7 +208,7 @@ impl Uring {
         // untouched until `SendQueue::sent` hears of this send's
         // completion. Iovecs over memory the driver does not own stay
         // readable until then: an operation's local memory
-        // (`SendQueue::push_local` says when, and where not) and a window's
+        // (`SendQueue::push_local` says until when) and a window's
         // GET data (`SendQueue::push_window`: deregistration waits).
         unsafe { self.push(&entry) }.is_ok()
     }
