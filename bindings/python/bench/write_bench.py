@@ -37,7 +37,14 @@ import statistics
 import sys
 import time
 
-import numpy as np
+# numpy's OpenBLAS starts a thread per CPU that busy-waits for work it
+# never gets here; on a two-CPU machine they take the CPU from the copies
+# being measured (a third of the samples in `perf record`). Nothing here
+# multiplies matrices: one BLAS thread, in this process and the peers it
+# spawns (they inherit the environment).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402 - after the environment it reads
 
 CTX = multiprocessing.get_context("spawn")
 HANG = 300.0
@@ -95,7 +102,7 @@ def rf_initiator(size: int, iters: int, rounds: int, spin: bool) -> list[tuple[f
     import ringfence as rf
 
     a, b = CTX.Pipe()
-    peer = CTX.Process(target=run_peer, args=(rf_target, b, size, iters * rounds, spin),
+    peer = CTX.Process(target=run_peer, args=(rf_target, b, size, iters * rounds + 1, spin),
                        daemon=True)
     peer.start()
     address, key = recv(a)
@@ -117,8 +124,9 @@ def rf_initiator(size: int, iters: int, rounds: int, spin: bool) -> list[tuple[f
                 t.wait()
             wall = clock() - start
             out.append((size * iters / wall, post_ns / iters / 1000))
-    # The warm-up's notification is one more.
-    assert recv(a) >= iters * rounds
+    # The warm-up's notification is one more (the target waits for it too:
+    # leaving early would make the last write's NOTIFY find it gone).
+    assert recv(a) >= iters * rounds + 1
     peer.join(HANG)
     return out
 
