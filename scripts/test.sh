@@ -71,6 +71,16 @@ command -v g++ >/dev/null 2>&1 || missing+=(g++)
 command -v strip >/dev/null 2>&1 || missing+=(binutils)
 command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
 command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+# ringfence-bootstrap: etcd-client's build compiles etcd's protocol with
+# protoc and the well-known types; the mpi crate's build runs bindgen
+# (libclang) over Open MPI's headers; the tests run a real etcd server and
+# Open MPI's mpirun.
+command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
+[ -e /usr/include/google/protobuf/descriptor.proto ] || missing+=(libprotobuf-dev)
+command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
+command -v mpirun >/dev/null 2>&1 || missing+=(openmpi-bin)
+command -v mpicc >/dev/null 2>&1 || missing+=(libopenmpi-dev)
+compgen -G "/usr/lib/llvm-*/lib/libclang*.so*" >/dev/null || missing+=(libclang-dev)
 [ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}"
 
 if ! command -v cargo >/dev/null 2>&1; then
@@ -100,10 +110,13 @@ step_clippy() { run_step clippy cargo clippy --workspace --all-targets --locked 
 
 # Unit, integration and doc tests; the output is kept to count the tests.
 step_tests() {
+  # The bootstrap tests start an etcd server of their own on loopback
+  # (and it ends with them), unless RINGFENCE_TEST_ETCD names one.
   say "tests: cargo test --workspace"
   cargo test --workspace --locked 2>&1 | tee "$log_dir/cargo-test.log"
   passed_steps+=(tests)
 }
+
 
 # Each criterion bench once, untimed: proves the benches build and their
 # correctness checks pass. Timings come from `cargo bench` (benches/README.md).
