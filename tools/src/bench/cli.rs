@@ -175,6 +175,11 @@ pub struct Cli {
     /// check must fail.
     #[arg(long, hide = true)]
     pub corrupt_for_test: bool,
+    /// Test only (`--bootstrap`): this rank kills itself with SIGKILL
+    /// after N rows, as a crash would end it (no goodbye, no lease
+    /// revoked).
+    #[arg(long, hide = true, value_name = "N")]
+    pub die_after_rows_for_test: Option<usize>,
     /// Who makes progress on the initiator's worker.
     #[arg(long, value_enum, default_value_t = ProgressKind::Inline)]
     pub progress: ProgressKind,
@@ -215,6 +220,13 @@ pub struct Cli {
     /// with `--listen` (here or on another host).
     #[arg(long, value_name = "ADDR:PORT")]
     pub connect: Option<String>,
+    /// Run as one rank of N that find each other through etcd
+    /// (`etcd://HOST:PORT?run=NAME&size=N`) or the MPI launcher that
+    /// started this process (`mpi`, under `mpirun`), in nixlbench's
+    /// pairwise scheme over the tcp driver; rank 0 prints every pair's
+    /// rows and the aggregate.
+    #[arg(long, value_name = "URI", conflicts_with_all = ["listen", "connect", "peer"])]
+    pub bootstrap: Option<String>,
     /// Initiator: the connection string a `--role target` printed.
     #[arg(long, value_name = "ADDR")]
     pub peer: Option<String>,

@@ -20,6 +20,7 @@
 //!   and its line protocol, the connection string.
 //! - [`bootstrap`]: `--listen` and `--connect`: the framed exchange on a
 //!   plain TCP socket that hands the initiator the target's window.
+//! - [`ranks`]: `--bootstrap`: N ranks through etcd or MPI, in pairs.
 //! - [`latency`]: the ping-pong.
 //! - [`stats`]: HDR histograms and rows; [`report`]: table, JSON, CSV;
 //!   [`plot`]: the SVG.
@@ -29,6 +30,7 @@ pub mod cli;
 pub mod error;
 pub mod latency;
 pub mod plot;
+pub mod ranks;
 pub mod report;
 pub mod rig;
 pub mod stats;
@@ -165,6 +167,9 @@ fn progress_bar(rows: u64) -> ProgressBar {
 /// Any [`BenchError`]; [`BenchError::exit_code`] gives the exit status.
 pub fn run(cli: &Cli) -> Result<(), BenchError> {
     cli.validate()?;
+    if let Some(uri) = &cli.bootstrap {
+        return ranks::run(cli, uri);
+    }
     if let Some(addr) = cli.listen {
         return bootstrap::listen(cli, addr);
     }

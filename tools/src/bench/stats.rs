@@ -2,7 +2,7 @@
 //! the nixlbench row and the latency row computed from them.
 
 use hdrhistogram::Histogram;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
 /// Durations recorded in nanoseconds, 3 significant digits, 1 ns to an
@@ -68,7 +68,7 @@ impl Samples {
 }
 
 /// A distribution in microseconds.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Summary {
     /// Mean.
     pub avg_us: f64,
@@ -86,7 +86,7 @@ pub struct Summary {
 /// wall time of the timed loop, in 10^9 bytes per second, and
 /// `avg_lat_us` is that wall time over the transfers (`num_iter` ×
 /// batch size). `prep`, `post` and `tx` are per batch (see tools/README.md).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Row {
     /// Bytes per transfer.
     pub block_size: u64,

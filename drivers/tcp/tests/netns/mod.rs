@@ -567,3 +567,139 @@ fn privilege_problem() -> Option<String> {
          running as euid {euid} with effective capabilities {effective:#x}"
     ))
 }
+
+/// `n` hosts on one switch: a namespace per host and one for the switch,
+/// which holds a bridge with a veth to each host. The switch has an
+/// address of its own on the hosts' /24 ([`Bridged::switch_ip`], `.254`),
+/// so a service every host must reach (an etcd server) runs there, in
+/// [`Bridged::switch`]. IPv4 only. Dropping it deletes every namespace.
+#[derive(Debug)]
+pub struct Bridged {
+    /// The hosts, `.1` to `.n` on the /24.
+    pub hosts: Vec<Host>,
+    /// The switch's namespace, with the bridge.
+    pub switch: Host,
+    /// Namespaces to delete: the switch first, then the hosts.
+    created: Vec<String>,
+}
+
+impl Bridged {
+    /// Builds the switch and `n` hosts (at most 200), each host's veth
+    /// enslaved to the bridge, every link up and every address usable.
+    ///
+    /// # Errors
+    /// A [`Skip`] as for [`HostPair::new`].
+    ///
+    /// # Panics
+    /// If a step after the gates fails: a bug, not a missing facility.
+    pub fn new(n: usize) -> Result<Bridged, Skip> {
+        assert!((1..=200).contains(&n));
+        if let Some(reason) = privilege_problem() {
+            return Err(Skip(reason));
+        }
+        let pid = std::process::id();
+        let k = NEXT_PAIR.fetch_add(1, Ordering::Relaxed);
+        let subnet = ((pid & 0x1fff) << 3 | (k & 7)) as u16;
+        let [x, y] = subnet.to_be_bytes();
+        let host = |name: String, ifname: &str, last: u8| Host {
+            netns: name,
+            ifname: ifname.to_owned(),
+            ipv4: Ipv4Addr::new(10, x, y, last),
+            ipv6: Ipv6Addr::UNSPECIFIED,
+        };
+        let switch = host(format!("rf-{pid}-{k}-sw"), "br0", 254);
+        let hosts = (0..n)
+            .map(|i| host(format!("rf-{pid}-{k}-h{i}"), "eth0", i as u8 + 1))
+            .collect();
+        let mut b = Bridged {
+            hosts,
+            switch,
+            created: Vec::new(),
+        };
+        b.build()?;
+        Ok(b)
+    }
+
+    fn build(&mut self) -> Result<(), Skip> {
+        let gate = |what: &str, e: io::Error| {
+            if e.kind() == io::ErrorKind::NotFound {
+                Skip(format!("`ip` not found (install iproute2): {e}"))
+            } else {
+                Skip(format!("{what} refused: {e}"))
+            }
+        };
+        let names: Vec<String> = std::iter::once(&self.switch)
+            .chain(&self.hosts)
+            .map(|h| h.netns.clone())
+            .collect();
+        for name in &names {
+            let _ = ip(&format!("netns del {name}"));
+            ip(&format!("netns add {name}"))
+                .map_err(|e| gate("creating a network namespace", e))?;
+            self.created.push(name.clone());
+            ip(&format!("netns exec {name} ip link set lo up"))
+                .map_err(|e| gate("running a process in a network namespace", e))?;
+        }
+        let sw = self.switch.netns.clone();
+        ip(&format!("-n {sw} link add br0 type bridge"))
+            .map_err(|e| gate("creating a bridge", e))?;
+        let configure = || -> io::Result<()> {
+            for (i, h) in self.hosts.iter().enumerate() {
+                ip(&format!(
+                    "-n {sw} link add vh{i} type veth peer name {} netns {}",
+                    h.ifname, h.netns
+                ))?;
+                ip(&format!("-n {sw} link set vh{i} master br0"))?;
+                ip(&format!("-n {sw} link set vh{i} up"))?;
+                ip(&format!("-n {} link set {} up", h.netns, h.ifname))?;
+                ip(&format!(
+                    "-n {} -4 addr add {}/{IPV4_PREFIX} dev {}",
+                    h.netns, h.ipv4, h.ifname
+                ))?;
+            }
+            ip(&format!("-n {sw} link set br0 up"))?;
+            ip(&format!(
+                "-n {sw} -4 addr add {}/{IPV4_PREFIX} dev br0",
+                self.switch.ipv4
+            ))?;
+            for h in self.hosts.iter().chain([&self.switch]) {
+                h.wait_link_up()?;
+            }
+            Ok(())
+        };
+        configure().map_err(|e| {
+            if is_environmental(&e) {
+                Skip(format!("configuring the bridge refused: {e}"))
+            } else {
+                panic!("configuring the bridged hosts failed: {e}")
+            }
+        })
+    }
+
+    /// The switch's own address, which every host reaches.
+    pub fn switch_ip(&self) -> Ipv4Addr {
+        self.switch.ipv4
+    }
+}
+
+impl Drop for Bridged {
+    fn drop(&mut self) {
+        for name in &self.created {
+            if let Err(e) = ip(&format!("netns del {name}")) {
+                eprintln!("netns: leaving namespace {name} behind: {e}");
+            }
+        }
+    }
+}
+
+/// A [`Bridged`] set of `n` hosts, or `None` after printing
+/// `SKIPPED: <test>: <reason>` when this machine cannot build one.
+pub fn bridged_or_skip(test: &str, n: usize) -> Option<Bridged> {
+    match Bridged::new(n) {
+        Ok(b) => Some(b),
+        Err(skip) => {
+            eprintln!("SKIPPED: {test}: {skip}");
+            None
+        }
+    }
+}
