@@ -3,7 +3,8 @@
 //! rank `i < N/2` initiates to rank `i + N/2`, every pair at once.
 //!
 //! Each target rank makes a tcp worker and window (a [`TargetState`] with
-//! a core thread, its notifications taken by a service thread) and
+//! a core thread; with `--notify` a service thread takes the
+//! notifications) and
 //! publishes its connection string under `conn`; each initiator fetches
 //! its target's and connects. Then every rank walks the same grid of
 //! rows, with a barrier before and after each: before it the targets have
@@ -183,6 +184,10 @@ fn serve(
     grid: &[(u64, u64)],
 ) -> Result<(), BenchError> {
     let w = crate::bench::worker_at(DriverKind::Tcp, cli, ip)?;
+    // A core thread serves the initiator (and sleeps when idle); a
+    // service thread takes the notifications, only when there are any
+    // (`--notify`): a thread spinning on an empty CQ would take CPU time
+    // from the pairs on a machine with fewer CPUs than busy threads.
     let mut state = TargetState::new(w, cli.window_len(), cli.corrupt_for_test)?;
     state.start_core_thread()?;
     b.publish("conn", state.connection()?.encode().as_bytes())
@@ -191,11 +196,11 @@ fn serve(
     let state = Arc::new(Mutex::new(state));
     let stop = Arc::new(AtomicBool::new(false));
     let servicer = {
-        let (state, stop) = (state.clone(), stop.clone());
+        let (state, stop, cli_notify) = (state.clone(), stop.clone(), cli.notify);
         std::thread::Builder::new()
             .name("rfbench-service".into())
             .spawn(move || -> Result<(), BenchError> {
-                while !stop.load(Ordering::Acquire) {
+                while cli_notify && !stop.load(Ordering::Acquire) {
                     let n = state.lock().unwrap_or_else(|p| p.into_inner()).service()?;
                     if n == 0 {
                         std::thread::yield_now();
@@ -250,7 +255,7 @@ fn initiate(
     let conn = Connection::decode(&String::from_utf8_lossy(&conn))?;
     let named =
         |e: BenchError| BenchError::Target(format!("rank {target} (this rank's target): {e}"));
-    // The target serves from its core thread by now.
+    // The target's core thread serves by now.
     let mut initiator = Initiator::new(w, &conn, cli).map_err(named)?;
     let passes = cli.passes() as usize;
     let rows_per_pass = grid.len() / passes.max(1);
